@@ -1,0 +1,104 @@
+"""The one settings class: every knob, read from PALMYRA_* environment variables.
+
+CLI flags override the environment (cli.py passes them as keyword arguments). Nothing here is
+built at import time: callers construct Settings() when they start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PALMYRA_", extra="ignore")
+
+    # --- where things are ---------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address the sidecar (or engine, for `engine`) listens on.")
+    port: int = Field(8080, description="Sidecar port: clients, /health, /ready, /metrics.")
+    engine_url: str = Field("http://127.0.0.1:8000", description="Where the sidecar reaches the engine.")
+    engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
+    engine_api_key: str | None = Field(
+        None,
+        description="Pod-local secret: the engine's /v1 requires it (vLLM --api-key) and the sidecar sends it.",
+    )
+
+    # --- model ----------------------------------------------------------------------------
+    model: str = Field(HUB_MODEL_ID, description="Hub id or local directory of the weights to serve.")
+    model_dir: Path = Field(
+        Path("models/palmyra-mini"), description="Where resolved weights live (containers: /models/palmyra-mini)."
+    )
+    model_source: Literal["auto", "huggingface", "modelscope", "local", "stand-in"] = Field(
+        "auto", description="Where fetch-model looks: auto tries the hub, then falls back to the stand-in."
+    )
+    stand_in_size: Literal["tiny", "full"] = Field("tiny", description="Stand-in shape when no weights can be had.")
+    allow_stand_in: bool = Field(True, description="Fall back to random stand-in weights (loudly) when the hub is unreachable.")
+    served_model_name: str = Field(SERVED_MODEL_NAME, description="Model name clients send and /v1/models lists.")
+
+    # --- engine launcher ------------------------------------------------------------------
+    platform: Literal["auto", "ascend", "cuda", "cpu"] = Field("auto", description="Engine platform; auto detects torch-npu, then CUDA, else CPU.")
+    dtype: str = Field("bfloat16", description="Engine dtype (bf16 everywhere: fp16 gives garbage for Qwen2.5 weights on Ascend).")
+    max_model_len: int = Field(8192, description="Engine --max-model-len (the seed card's value).")
+    gpu_memory_utilization: float = Field(0.85, description="Share of NPU/GPU memory vLLM may use (seed: 0.85).")
+    tensor_parallel_size: int = Field(1, description="Engine --tensor-parallel-size.")
+    enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (faster start, slower decode).")
+    npu_devices: str | None = Field(None, description="Ascend devices to use, exported as ASCEND_RT_VISIBLE_DEVICES (e.g. '0').")
+    cpu_kvcache_gib: int = Field(4, description="CPU engine KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    engine_extra_args: str = Field("", description="Extra vLLM server arguments, appended verbatim (shell-split).")
+
+    # --- sidecar: upstream ----------------------------------------------------------------
+    connect_timeout_s: float = Field(5.0, description="Connecting to the engine; refused or slower is 503.")
+    read_timeout_s: float = Field(120.0, description="Longest silence from the engine inside one request before 504.")
+
+    # --- sidecar: admission ---------------------------------------------------------------
+    max_in_flight: int = Field(64, description="Requests relayed to the engine at once; more wait in the queue.")
+    max_queue: int = Field(256, description="Requests waiting for a slot; beyond that 429.")
+    queue_timeout_s: float = Field(30.0, description="Longest wait in the queue before 429.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; larger is 413.")
+    max_tokens_cap: int | None = Field(None, description="Reject requests asking for more max_tokens than this (400).")
+    retry_after_s: int = Field(1, description="Retry-After seconds on 429 and 503.")
+
+    # --- sidecar: auth, logs ----------------------------------------------------------------
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Client API keys, comma-separated; empty means no auth."
+    )
+    api_keys_file: Path | None = Field(None, description="File with one API key per line (a mounted secret).")
+    log_level: str = Field("info", description="Log level of the JSON logs.")
+
+    # --- sidecar: health, warmup, canary, drain ---------------------------------------------
+    health_poll_interval_s: float = Field(2.0, description="How often the sidecar polls the engine's /health.")
+    liveness_budget_s: float = Field(
+        30.0, description="Engine dead or hung for longer than this fails /health (the engine container is restarted)."
+    )
+    warmup_long_prompt_share: float = Field(
+        0.5, description="Longest warmup prompt as a share of max-model-len."
+    )
+    warmup_burst: int = Field(4, description="Concurrent requests in the warmup burst.")
+    warmup_max_backoff_s: float = Field(30.0, description="Warmup retries back off up to this long.")
+    canary_interval_s: float = Field(15.0, description="Idle seconds between one-token canary generations.")
+    canary_timeout_s: float = Field(10.0, description="A canary slower than this counts as failed.")
+    canary_failures_to_unready: int = Field(2, description="Consecutive canary failures that flip /ready to 503.")
+    drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight requests may take to finish.")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    def all_api_keys(self) -> list[str]:
+        """Keys from the environment plus the mounted file (blank lines and # comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text(encoding="utf-8").splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return keys
