@@ -1,0 +1,103 @@
+"""Launch the real vLLM OpenAI server for the detected platform, as a child process.
+
+The same command runs natively, in the engine containers and in the Kubernetes pod. Building
+the argv and environment is a pure function (tested without vLLM); running it forwards SIGTERM
+and SIGINT to the child and exits with the child's status.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from palmyra_serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PLATFORMS = ("ascend", "cuda", "cpu")
+
+
+def detect_platform() -> str:
+    """Ascend when torch-npu / vllm-ascend is installed, CUDA when an NVIDIA device is visible, else CPU."""
+    if importlib.util.find_spec("torch_npu") is not None or importlib.util.find_spec("vllm_ascend") is not None:
+        return "ascend"
+    if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi"):
+        return "cuda"
+    return "cpu"
+
+
+@dataclass
+class EngineCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # set on top of the inherited environment
+    platform: str = "cpu"
+
+    def redacted(self) -> str:
+        """The argv for logs: the engine key never appears in them."""
+        out, hide = [], False
+        for arg in self.argv:
+            out.append("***" if hide else arg)
+            hide = arg == "--api-key"
+        return shlex.join(out)
+
+
+def build_command(settings: Settings, model_path: str, platform: str) -> EngineCommand:
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; one of {PLATFORMS}")
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--served-model-name", settings.served_model_name,
+        "--host", settings.host,
+        "--port", str(settings.engine_port),
+        "--dtype", settings.dtype,
+        "--max-model-len", str(settings.max_model_len),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--enable-chunked-prefill",
+        "--trust-remote-code",
+        # Finish in-flight requests on SIGTERM for as long as the sidecar drains.
+        "--shutdown-timeout", str(int(settings.drain_timeout_s)),
+    ]
+    env: dict[str, str] = {}
+    if settings.engine_api_key:
+        # vLLM guards /v1 with it and leaves /health and /metrics open for probes and scraping.
+        argv += ["--api-key", settings.engine_api_key]
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    if platform == "ascend":
+        argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+        env["PYTORCH_NPU_ALLOC_CONF"] = os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+        if settings.npu_devices is not None:
+            env["ASCEND_RT_VISIBLE_DEVICES"] = settings.npu_devices
+    elif platform == "cuda":
+        argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
+        # vLLM's CPU default (one core left to its API server) measured faster here than binding all
+        # cores; only an explicit VLLM_CPU_OMP_THREADS_BIND from the operator overrides it.
+    argv += shlex.split(settings.engine_extra_args)
+    return EngineCommand(argv=argv, env=env, platform=platform)
+
+
+def run(cmd: EngineCommand) -> int:
+    """Run the engine as a child, forward termination signals, return its exit status."""
+    log.info("starting vLLM (%s): %s", cmd.platform, cmd.redacted())
+    child = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    # A negative code means the child died of a signal: report it the way a shell would.
+    return 128 - code if code < 0 else code

@@ -1,0 +1,37 @@
+"""JSON logs: one object per line, with the structured fields a record carries in `extra["fields"]`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import orjson
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            entry.update(fields)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+def configure(level: str = "info") -> None:
+    """Route every logger (ours, uvicorn's, aiohttp's) through one JSON handler on stdout."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True

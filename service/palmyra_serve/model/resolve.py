@@ -1,0 +1,104 @@
+"""Where the weights come from: a local directory, Hugging Face (or its mirror), ModelScope, or,
+when none can be had, the random stand-in, announced loudly. Never a silent substitution.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+from palmyra_serve.model import stand_in
+from palmyra_serve.settings import Settings
+
+log = logging.getLogger("palmyra.model")
+
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and (
+        any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
+        or any(path.glob("*.bin"))
+    )
+
+
+def reachable(url: str, timeout_s: float = 3.0) -> bool:
+    """A quick HEAD, so an unreachable hub costs seconds, not a download client's long retries."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s)
+        return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+
+
+def _from_huggingface(repo_id: str, dest: Path) -> Path:
+    from huggingface_hub import snapshot_download  # honours HF_ENDPOINT and HF_TOKEN, shows progress bars
+
+    log.info("downloading %s from %s into %s", repo_id, os.environ.get("HF_ENDPOINT", HF_DEFAULT_ENDPOINT), dest)
+    snapshot_download(repo_id=repo_id, local_dir=str(dest),
+                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.md"])
+    return dest
+
+
+def _from_modelscope(repo_id: str, dest: Path) -> Path:
+    try:
+        from modelscope import snapshot_download  # optional: pip install modelscope
+    except ImportError as exc:
+        raise ModelUnavailable("model source 'modelscope' needs the modelscope package: pip install modelscope") from exc
+    log.info("downloading %s from ModelScope into %s", repo_id, dest)
+    snapshot_download(repo_id, local_dir=str(dest))
+    return dest
+
+
+def resolve(settings: Settings, dest: Path | None = None) -> Path:
+    """Return a directory holding a loadable checkpoint, fetching or building it if needed."""
+    dest = Path(dest or settings.model_dir)
+    local = Path(settings.model)
+    if settings.model_source in ("auto", "local") and local.is_dir():
+        if not is_checkpoint(local):
+            raise ModelUnavailable(f"{local} is a directory but holds no checkpoint (config.json + weights)")
+        _announce(local)
+        return local
+    if is_checkpoint(dest) and settings.model_source != "stand-in":
+        log.info("weights already present at %s; not fetching", dest)
+        _announce(dest)
+        return dest
+    if settings.model_source == "local":
+        raise ModelUnavailable(f"model source is 'local' but {settings.model} is not a directory")
+
+    repo_id = settings.model
+    if settings.model_source == "modelscope":
+        return _announce(_from_modelscope(repo_id, dest))
+    if settings.model_source in ("auto", "huggingface"):
+        endpoint = os.environ.get("HF_ENDPOINT", HF_DEFAULT_ENDPOINT)
+        if reachable(endpoint):
+            return _announce(_from_huggingface(repo_id, dest))
+        if settings.model_source == "huggingface":
+            raise ModelUnavailable(f"Hugging Face endpoint {endpoint} is not reachable (set HF_ENDPOINT for a mirror)")
+        why = f"{endpoint} is not reachable"
+    else:
+        why = "model source is 'stand-in'"
+    if not settings.allow_stand_in and settings.model_source != "stand-in":
+        raise ModelUnavailable(f"cannot get {repo_id}: {why}; and PALMYRA_ALLOW_STAND_IN is false")
+    # The one loud line: nobody should mistake these weights for the real model.
+    print(f"WARNING: {why}: serving a RANDOM-WEIGHT stand-in ({settings.stand_in_size}) of {repo_id} "
+          f"from {dest}; its output is noise. Give real weights with PALMYRA_MODEL=/path or HF_ENDPOINT=mirror.",
+          file=sys.stderr, flush=True)
+    return stand_in.build(dest, settings.stand_in_size)
+
+
+def _announce(path: Path) -> Path:
+    m = stand_in.marker(path)
+    if m:
+        log.warning("weights at %s are a RANDOM stand-in (%s, seed %s)", path, m.get("size"), m.get("seed"))
+    return path

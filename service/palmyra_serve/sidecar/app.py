@@ -1,0 +1,128 @@
+"""create_app(): the sidecar as one ASGI application.
+
+`/v1/*`, `/tokenize` and `/detokenize` go straight to the raw-ASGI relay (proxy.py): the hot path
+pays for no framework. Everything else (health, readiness, metrics, the OpenAPI document) is a
+small FastAPI app, which also runs the lifespan: the engine session, the health poller and the
+warmup supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from palmyra_serve import __version__
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.health import HealthState, poll_engine_health
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.openapi import add_proxied_routes
+from palmyra_serve.sidecar.proxy import ROUTE_OF, Proxy
+from palmyra_serve.sidecar.upstream import EngineClient, new_session
+from palmyra_serve.sidecar.warmup import Supervisor
+
+log = logging.getLogger("palmyra.sidecar")
+
+
+class SidecarState:
+    """Everything the routes and background tasks share; lives on app.state.sidecar."""
+
+    def __init__(self, settings: Settings, metrics: SidecarMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.health = HealthState(metrics, settings.liveness_budget_s)
+        self.admission = Admission(settings.max_in_flight, settings.max_queue, settings.queue_timeout_s,
+                                   settings.retry_after_s)
+        metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
+        self.proxy = Proxy(settings, metrics, self.admission, ApiKeys(settings.all_api_keys()), self.health)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def drain(self) -> bool:
+        """Stop taking requests, stay listening (503 + Retry-After), wait for in-flight work."""
+        self.health.begin_drain()
+        log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight,
+                                               "queued": self.admission.queued}})
+        emptied = await self.admission.drain(self.settings.drain_timeout_s)
+        log.info("drained" if emptied else "drain timeout: requests still in flight",
+                 extra={"fields": {"in_flight": self.admission.in_flight}})
+        return emptied
+
+
+class SidecarApp:
+    """The ASGI entry point: routes the hot path around the framework."""
+
+    def __init__(self, control: FastAPI, state: SidecarState) -> None:
+        self.control = control
+        self.state = control.state
+        self.sidecar = state
+        self.proxy = state.proxy
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path.startswith("/v1/") or path in ROUTE_OF:
+                await self.proxy(scope, receive, send)
+                return
+        await self.control(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, session: aiohttp.ClientSession | None = None,
+               metrics: SidecarMetrics | None = None) -> SidecarApp:
+    settings = settings or Settings()
+    state = SidecarState(settings, metrics or SidecarMetrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        own_session = session is None
+        state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
+        state.proxy.session = state.session
+        engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
+        tasks = [
+            asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
+            asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
+        ]
+        log.info("sidecar started", extra={"fields": {"version": __version__, "engine_url": settings.engine_url,
+                                                      "auth": state.proxy.keys.enabled}})
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if own_session:
+                await state.session.close()
+
+    control = FastAPI(title="palmyra-serve sidecar", version=__version__, lifespan=lifespan,
+                      docs_url="/docs", redoc_url=None)
+    control.state.sidecar = state
+
+    @control.get("/health", summary="Liveness of the engine, as the sidecar judges it")
+    async def health() -> JSONResponse:
+        live, body = state.health.liveness()
+        return JSONResponse(body, status_code=200 if live else 503)
+
+    @control.get("/health/sidecar", summary="Liveness of the sidecar process itself")
+    async def sidecar_health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @control.get("/ready", summary="Readiness: warmup done and the engine answers")
+    async def ready() -> JSONResponse:
+        is_ready, body = state.health.readiness()
+        body["model"] = settings.served_model_name
+        return JSONResponse(body, status_code=200 if is_ready else 503)
+
+    @control.get("/metrics", summary="Prometheus metrics of the sidecar")
+    async def metrics_page() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    add_proxied_routes(control)
+    return SidecarApp(control, state)

@@ -1,0 +1,103 @@
+"""Liveness and readiness: the state both are judged from, and the engine health poller.
+
+Liveness is the sidecar's judgement of the engine (the engine container's probe): it fails when
+the engine is dead (its /health refuses or errors after having answered once) or hung (its
+/health, or every generation, has been failing for longer than the liveness budget). Readiness is
+earned by the warmup job (warmup.py) and lost when the engine stops answering, the canary keeps
+failing, or the sidecar drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.upstream import EngineClient
+
+
+class HealthState:
+    def __init__(self, metrics: SidecarMetrics, liveness_budget_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.metrics = metrics
+        self.budget = liveness_budget_s
+        self.clock = clock
+        self.phase = "waiting_for_engine"
+        self.progress_done = 0
+        self.progress_total = 0
+        self.last_error: str | None = None
+        self.weights = "unknown"
+        self.draining = False
+        self.engine_status = "unknown"  # ok / refused / timeout / http_<code>
+        self.last_engine_ok: float | None = None
+        self.generation_failing_since: float | None = None
+        self.last_generation_ok: float | None = None
+        self.warmup_seconds: float | None = None
+        metrics.set_phase(self.phase)
+        # Judged at scrape time: a hang becomes visible as time passes, with no event to publish it.
+        metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
+        metrics.engine_live.set_function(lambda: 1.0 if self.liveness()[0] else 0.0)
+
+    # --- inputs -----------------------------------------------------------------------
+    def record_health(self, ok: bool, status: str) -> None:
+        now = self.clock()
+        self.engine_status = status
+        if ok:
+            self.last_engine_ok = now
+
+    def record_generation(self, ok: bool) -> None:
+        now = self.clock()
+        if ok:
+            self.last_generation_ok = now
+            self.generation_failing_since = None
+        elif self.generation_failing_since is None:
+            self.generation_failing_since = now
+
+    def set_phase(self, phase: str, error: str | None = None) -> None:
+        self.phase = "draining" if self.draining else phase
+        if error is not None:
+            self.last_error = error
+        self.metrics.set_phase(self.phase)
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        self.set_phase("draining")
+
+    # --- judgements -------------------------------------------------------------------
+    def liveness(self) -> tuple[bool, dict]:
+        now = self.clock()
+        if self.last_engine_ok is None:
+            status, detail = "starting", f"engine has not answered /health yet ({self.engine_status})"
+        elif self.engine_status != "ok" and self.engine_status != "timeout":
+            status, detail = "engine_dead", f"engine /health: {self.engine_status}"
+        elif now - self.last_engine_ok > self.budget:
+            status, detail = "engine_hung", f"engine /health silent for {now - self.last_engine_ok:.0f} s"
+        elif self.generation_failing_since is not None and now - self.generation_failing_since > self.budget:
+            status = "engine_hung"
+            detail = f"generations failing for {now - self.generation_failing_since:.0f} s"
+        else:
+            status, detail = "ok", None
+        return status == "ok", {"status": status, "detail": detail, "engine_health": self.engine_status}
+
+    def readiness(self) -> tuple[bool, dict]:
+        ready = self.phase == "ready" and not self.draining and self.engine_status == "ok"
+        body = {
+            "ready": ready,
+            "phase": self.phase,
+            "progress": {"done": self.progress_done, "total": self.progress_total},
+            "last_error": self.last_error,
+            "weights": self.weights,
+            "engine_health": self.engine_status,
+            "warmup_seconds": self.warmup_seconds,
+        }
+        return ready, body
+
+
+async def poll_engine_health(state: HealthState, engine: EngineClient, interval_s: float) -> None:
+    """Forever: ask the engine's /health, record the answer. A hang shows as a timeout."""
+    timeout = max(1.0, min(5.0, interval_s * 2))
+    while True:
+        ok, status = await engine.health(timeout)
+        state.record_health(ok, status)
+        await asyncio.sleep(interval_s)

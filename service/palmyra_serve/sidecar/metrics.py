@@ -1,0 +1,99 @@
+"""The sidecar's Prometheus instruments, on an injectable registry.
+
+Engine metrics stay on the engine's own /metrics; Prometheus scrapes both. Label values come from
+small fixed sets (routes, reasons, kinds), so cardinality cannot grow with traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from palmyra_serve import __version__
+
+ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
+REJECTION_REASONS = ("queue_full", "queue_timeout", "body_too_large", "body_timeout", "max_tokens_too_large",
+                     "invalid_json", "draining", "unauthorized")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_interrupted")
+PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
+
+# LLM-sized buckets: a first token in milliseconds, a long generation in minutes.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        disable_created_metrics()  # *_created series double the page and no dashboard reads them
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("palmyra_requests", "Client requests relayed or answered, by route and HTTP status.",
+                                ["route", "status"], registry=r)
+        self.duration = Histogram("palmyra_request_duration_seconds", "End-to-end request duration seen by the client.",
+                                  ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("palmyra_time_to_first_token_seconds",
+                              "Time from request arrival to the first response body byte sent to the client.",
+                              ["route"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("palmyra_inter_token_latency_seconds",
+                             "Mean gap between streamed chunks of one response (one observation per stream).",
+                             ["route"], buckets=ITL_BUCKETS, registry=r)
+        self.output_tokens = Counter("palmyra_output_tokens",
+                                     "Generated tokens relayed (engine usage when reported, else streamed chunks).",
+                                     ["route"], registry=r)
+        self.prompt_tokens = Counter("palmyra_prompt_tokens", "Prompt tokens, from the engine's usage reports.",
+                                     ["route"], registry=r)
+        self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
+        self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
+        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason.", ["reason"],
+                                  registry=r)
+        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind.", ["kind"],
+                                       registry=r)
+        self.ready = Gauge("palmyra_ready", "1 when this replica is ready for traffic (warmup done, engine answers).",
+                           registry=r)
+        self.engine_live = Gauge("palmyra_engine_live", "1 while the engine is judged alive (not dead, not hung).",
+                                 registry=r)
+        self.phase = Gauge("palmyra_warmup_phase", "1 for the current readiness phase, 0 for the others.", ["phase"],
+                           registry=r)
+        self.warmup_duration = Gauge("palmyra_warmup_duration_seconds", "Duration of the last successful warmup.",
+                                     registry=r)
+        self.warmup_runs = Counter("palmyra_warmup_runs", "Warmup attempts by outcome.", ["outcome"], registry=r)
+        self.canary_latency = Histogram("palmyra_canary_latency_seconds", "Latency of the idle one-token canary.",
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.canary_failures = Counter("palmyra_canary_failures", "Canary generations that failed or timed out.",
+                                       registry=r)
+        self.stand_in = Gauge("palmyra_stand_in_weights", "1 when the engine serves random stand-in weights.",
+                              registry=r)
+        Gauge("palmyra_build_info", "palmyra-serve version.", ["version"], registry=r).labels(__version__).set(1)
+
+        # Pre-create every child so each series exists from the first scrape and the hot path does
+        # no label lookups for these.
+        for route in ROUTES:
+            self.duration.labels(route)
+            self.ttft.labels(route)
+            self.itl.labels(route)
+            self.output_tokens.labels(route)
+            self.prompt_tokens.labels(route)
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(reason)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(kind)
+        for outcome in ("success", "failure"):
+            self.warmup_runs.labels(outcome)
+        self._request_children: dict[tuple[str, int], Counter] = {}
+
+    def count_request(self, route: str, status: int) -> None:
+        child = self._request_children.get((route, status))
+        if child is None:
+            child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
+        child.inc()
+
+    def set_phase(self, current: str) -> None:
+        for phase in PHASES:
+            self.phase.labels(phase).set(1 if phase == current else 0)
+
+    def bind_gauges(self, in_flight: Callable[[], float], queued: Callable[[], float]) -> None:
+        """Read admission counters at scrape time, so the hot path never touches these gauges."""
+        self.in_flight.set_function(in_flight)
+        self.queued.set_function(queued)

@@ -1,0 +1,289 @@
+"""The streaming relay to the engine: the hot path, written as raw ASGI.
+
+Per request: check the key, read the body under a size and time limit, take an admission slot,
+send upstream, relay status, headers and every chunk as it arrives (never buffered), record
+metrics and one log line. A watcher task notices a client that goes away and closes the
+upstream response at once, which makes vLLM abort the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.settings import Settings
+
+access_log = logging.getLogger("palmyra.access")
+
+ROUTE_OF = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat_completions",
+    "/v1/models": "models",
+    "/tokenize": "tokenize",
+    "/detokenize": "tokenize",
+}
+GENERATION_ROUTES = frozenset({"completions", "chat_completions"})
+# Not forwarded upstream: hop-by-hop headers, the ones aiohttp sets itself, and the client's key.
+DROP_REQUEST = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                          b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+                          b"authorization", b"x-request-id", b"expect"})
+# Not relayed back: hop-by-hop headers, and the ones uvicorn writes itself.
+DROP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "date",
+                           "server", "x-request-id", "proxy-authenticate"})
+SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+SSE_DATA = b"data: "
+USAGE_KEY = b'"usage":'
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing more can be sent."""
+
+
+def request_id_from(raw: bytes | None) -> str:
+    """Accept the caller's X-Request-Id when it is short and plain; else mint one."""
+    if raw and len(raw) <= 128 and all(c in SAFE_ID_CHARS for c in raw):
+        return raw.decode()
+    return os.urandom(16).hex()
+
+
+class Proxy:
+    def __init__(self, settings: Settings, metrics: SidecarMetrics, admission: Admission, keys: ApiKeys,
+                 state: HealthState) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.admission = admission
+        self.keys = keys
+        self.state = state
+        self.base = settings.engine_url.rstrip("/")
+        self.engine_auth = f"Bearer {settings.engine_api_key}" if settings.engine_api_key else None
+        self.session: aiohttp.ClientSession | None = None  # set by the app's lifespan
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        t0 = time.perf_counter()
+        path = scope["path"]
+        route = ROUTE_OF.get(path, "other")
+        auth = rid_raw = clen = None
+        fwd: list[tuple[str, str]] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"x-request-id":
+                rid_raw = value
+            elif name == b"content-length":
+                clen = value
+            if name not in DROP_REQUEST:
+                fwd.append((name.decode("latin-1"), value.decode("latin-1")))
+        rid = request_id_from(rid_raw)
+        record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
+        status = 500
+        try:
+            if not self.keys.check(auth):
+                raise _reject(self.metrics, errors.unauthorized(), "unauthorized")
+            if self.admission.draining:
+                raise _reject(self.metrics, errors.draining(self.settings.retry_after_s), "draining")
+            body = await self._read_body(receive, clen)
+            if self.settings.max_tokens_cap is not None and body:
+                self._check_max_tokens(body)
+            try:
+                await self.admission.acquire()
+            except errors.ApiError as exc:
+                raise _reject(self.metrics, exc, exc.code) from None
+            try:
+                status = await self._relay(scope, receive, send, route, body, fwd, rid, record, t0)
+            finally:
+                self.admission.release()
+        except errors.ApiError as exc:
+            status = exc.status
+            record["error"] = exc.code
+            await send({"type": "http.response.start", "status": exc.status, "headers": exc.headers(rid)})
+            await send({"type": "http.response.body", "body": exc.body()})
+        except ClientGone:
+            status = 499  # nginx's "client closed request": counted, never sent
+            record["client_disconnected"] = True
+        finally:
+            took = time.perf_counter() - t0
+            self.metrics.count_request(route, status)
+            self.metrics.duration.labels(route).observe(took)
+            record["status"] = status
+            record["duration_ms"] = round(took * 1000, 2)
+            access_log.info("request", extra={"fields": record})
+
+    async def _read_body(self, receive: Any, clen: bytes | None) -> bytes:
+        limit = self.settings.max_body_bytes
+        if clen is not None and clen.isdigit() and int(clen) > limit:
+            raise _reject(self.metrics, errors.body_too_large(limit), "body_too_large")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            # A slow-loris body must not hold a connection (or, later, a slot) forever.
+            async with asyncio.timeout(self.settings.read_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise _reject(self.metrics, errors.body_too_large(limit), "body_too_large")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise _reject(self.metrics, errors.body_timeout(), "body_timeout") from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _check_max_tokens(self, body: bytes) -> None:
+        cap = self.settings.max_tokens_cap
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise _reject(self.metrics, errors.invalid_json(), "invalid_json") from None
+        if not isinstance(payload, dict):
+            return
+        for param in ("max_tokens", "max_completion_tokens"):
+            asked = payload.get(param)
+            if isinstance(asked, int) and asked > cap:
+                raise _reject(self.metrics, errors.max_tokens_too_large(asked, cap, param), "max_tokens_too_large")
+
+    async def _relay(self, scope: dict, receive: Any, send: Any, route: str, body: bytes,
+                     fwd: list[tuple[str, str]], rid: str, record: dict, t0: float) -> int:
+        assert self.session is not None
+        fwd.append(("x-request-id", rid))
+        if self.engine_auth:
+            fwd.append(("authorization", self.engine_auth))
+        qs = scope.get("query_string")
+        url = f"{self.base}{scope['path']}?{qs.decode('latin-1')}" if qs else f"{self.base}{scope['path']}"
+        try:
+            resp = await self.session.request(scope["method"], url, data=body or None, headers=fwd)
+        except aiohttp.ClientConnectorError:
+            self.metrics.upstream_errors.labels("connect").inc()
+            self.state.record_health(False, "refused")
+            raise errors.engine_unavailable(self.settings.retry_after_s) from None
+        except TimeoutError:
+            self.metrics.upstream_errors.labels("timeout").inc()
+            raise errors.engine_timeout() from None
+        except aiohttp.ClientError:
+            self.metrics.upstream_errors.labels("protocol").inc()
+            raise errors.bad_upstream() from None
+
+        gone = _Gone()
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, resp, gone))
+        try:
+            return await self._stream(send, route, resp, gone, rid, record, t0)
+        finally:
+            watcher.cancel()
+            resp.release()
+
+    async def _stream(self, send: Any, route: str, resp: aiohttp.ClientResponse, gone: _Gone, rid: str,
+                      record: dict, t0: float) -> int:
+        headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
+        headers.append((b"x-request-id", rid.encode()))
+        ctype = resp.headers.get("content-type", "")
+        sse = ctype.startswith("text/event-stream")
+        keep = not sse and ctype.startswith("application/json")  # small JSON bodies: read usage at the end
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        events = 0
+        first = last = 0.0
+        kept: list[bytes] = []
+        usage_chunk = b""
+        try:
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()
+                if not first:
+                    first = now
+                last = now
+                if sse:
+                    events += chunk.count(SSE_DATA)
+                    if USAGE_KEY in chunk:  # a C-speed scan; only the usage chunk is ever parsed
+                        usage_chunk = chunk
+                elif keep:
+                    kept.append(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if gone.flag:
+                raise ClientGone from None
+            kind = "timeout" if isinstance(exc, TimeoutError) else "stream_interrupted"
+            self.metrics.upstream_errors.labels(kind).inc()
+            record["upstream_error"] = kind
+            if not sse:
+                raise  # the connection is closed mid-body: the client sees a truncated response
+            failure = errors.engine_timeout() if kind == "timeout" else errors.stream_interrupted()
+            await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
+            return failure.status
+        if gone.flag:
+            raise ClientGone
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._account(route, resp.status, sse, events, first, last, t0, usage_chunk, kept, record)
+        return resp.status
+
+    def _account(self, route: str, status: int, sse: bool, events: int, first: float, last: float, t0: float,
+                 usage_chunk: bytes, kept: list[bytes], record: dict) -> None:
+        if first:
+            self.metrics.ttft.labels(route).observe(first - t0)
+            record["ttft_ms"] = round((first - t0) * 1000, 2)
+        if status != 200 or route not in GENERATION_ROUTES:
+            return
+        self.state.record_generation(True)
+        usage = _usage(usage_chunk if sse else b"".join(kept))
+        if sse:
+            # Token-bearing events: not the final [DONE], not a usage-only chunk, not chat's
+            # opening role-only delta.
+            events -= 1 + (usage is not None) + (route == "chat_completions")
+            if events > 1:
+                self.metrics.itl.labels(route).observe((last - first) / (events - 1))
+        completion = usage.get("completion_tokens") if usage else None
+        prompt = usage.get("prompt_tokens") if usage else None
+        completion = completion if isinstance(completion, int) else (events if sse else 0)
+        self.metrics.output_tokens.labels(route).inc(completion)
+        record["completion_tokens"] = completion
+        if isinstance(prompt, int):
+            self.metrics.prompt_tokens.labels(route).inc(prompt)
+            record["prompt_tokens"] = prompt
+
+
+def _usage(data: bytes) -> dict | None:
+    """The engine's usage report in a JSON body or in the last SSE chunk, when it sent one."""
+    at = data.rfind(USAGE_KEY)
+    if at < 0:
+        return None
+    try:
+        if data.startswith(b"{"):
+            return orjson.loads(data).get("usage")
+        start = data.rfind(SSE_DATA, 0, at) + len(SSE_DATA)
+        end = data.find(b"\n", at)
+        return orjson.loads(data[start:end if end >= 0 else None]).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+
+
+class _Gone:
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = False
+
+
+async def _watch_disconnect(receive: Any, resp: aiohttp.ClientResponse, gone: _Gone) -> None:
+    """Close the upstream response as soon as the client goes away, so the engine stops generating."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.flag = True
+            resp.close()
+            return
+
+
+def _reject(metrics: SidecarMetrics, exc: errors.ApiError, reason: str) -> errors.ApiError:
+    metrics.rejections.labels(reason).inc()
+    return exc

@@ -1,0 +1,59 @@
+"""Serve the sidecar with uvicorn, draining on SIGTERM instead of closing the listener at once.
+
+uvicorn's own handler stops accepting connections on the first signal. Here the first SIGTERM or
+SIGINT turns the replica not-ready while the listener stays open (new requests get 503 with
+Retry-After), waits for in-flight requests up to the drain timeout, and only then lets uvicorn
+shut down; the process exits 0. A second SIGINT forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from types import FrameType
+
+import uvicorn
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.app import SidecarApp, create_app
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: SidecarApp) -> None:
+        super().__init__(config)
+        self.sidecar = app.sidecar
+        self._drain_requested = False
+        self._draining: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the
+        # process would die of the signal instead of exiting 0.
+        if self._drain_requested or self._loop is None:
+            if sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+            return
+        self._drain_requested = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._draining = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        await self.sidecar.drain()
+        self.should_exit = True
+
+
+def serve(settings: Settings) -> None:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools", lifespan="on",
+        access_log=False, log_config=None, server_header=False, backlog=2048,
+        timeout_keep_alive=30, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
+    )
+    DrainingServer(config, app).run()

@@ -1,0 +1,173 @@
+"""The warmup job that earns readiness, and the idle canary that keeps it honest.
+
+vLLM's /health says 200 as soon as its HTTP server is up; that is necessary, not sufficient. So the
+replica turns ready only after real generations went through the engine: short and long prompts,
+completions and chat, streaming and not, and a concurrent burst (the first shapes also pay the
+compile/cold-start cost, so the first client request does not). While idle, a one-token canary
+runs every few seconds; repeated failures take readiness away and warmup starts over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.upstream import EngineClient, GenerationResult
+
+log = logging.getLogger("palmyra.warmup")
+
+STAND_IN_MARKER = "palmyra_stand_in.json"
+PROBE_TOKEN = 9707  # "Hello" in Qwen2's vocabulary; any id below the vocab size would do
+WARMUP_MAX_TOKENS = 8
+
+
+def weights_kind(model_root: str | None) -> str:
+    """random-stand-in / real / unknown, from the directory the engine loaded (when visible here)."""
+    if not model_root:
+        return "unknown"
+    root = Path(model_root)
+    if (root / STAND_IN_MARKER).is_file():
+        return "random-stand-in"
+    if (root / "config.json").is_file():
+        return "real"
+    return "unknown"
+
+
+def warmup_plan(settings: Settings, max_model_len: int) -> list[tuple[str, str, Callable[[], dict]]]:
+    """(name, route, payload factory) for each warmup step, in order."""
+    model = settings.served_model_name
+    longest = max(16, int(max_model_len * settings.warmup_long_prompt_share) - WARMUP_MAX_TOKENS - 1)
+    lengths = sorted({16, max(16, longest // 8), longest})
+
+    def completion(n: int, stream: bool) -> Callable[[], dict]:
+        # Token ids, not text: the prompt length is exact whatever the tokenizer does with text.
+        return lambda: {"model": model, "prompt": [PROBE_TOKEN] * n, "max_tokens": WARMUP_MAX_TOKENS,
+                        "temperature": 0.0, "stream": stream, "ignore_eos": True}
+
+    def chat(stream: bool) -> Callable[[], dict]:
+        return lambda: {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
+                        "max_tokens": WARMUP_MAX_TOKENS, "temperature": 0.0, "stream": stream}
+
+    plan = []
+    for i, n in enumerate(lengths):
+        plan.append((f"completion {n} tokens", "/v1/completions", completion(n, stream=i % 2 == 1)))
+    plan.append((f"completion {longest} tokens streamed", "/v1/completions", completion(longest, stream=True)))
+    plan.append(("chat", "/v1/chat/completions", chat(stream=False)))
+    plan.append(("chat streamed", "/v1/chat/completions", chat(stream=True)))
+    return plan
+
+
+class Supervisor:
+    """Owns the readiness phase: wait for the engine, warm it up, watch it, start over when it falters."""
+
+    def __init__(self, settings: Settings, state: HealthState, engine: EngineClient, metrics: SidecarMetrics,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.settings = settings
+        self.state = state
+        self.engine = engine
+        self.metrics = metrics
+        self.sleep = sleep
+        self.request_timeout_s = max(60.0, settings.read_timeout_s)
+
+    async def run(self) -> None:
+        backoff = 1.0
+        while True:
+            max_model_len = await self._wait_for_engine()
+            if await self._warmup(max_model_len):
+                backoff = 1.0
+                await self._watch()
+            else:
+                await self.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.warmup_max_backoff_s)
+
+    async def _wait_for_engine(self) -> int:
+        self.state.set_phase("waiting_for_engine")
+        while True:
+            if self.state.engine_status == "ok":
+                try:
+                    models = await self.engine.models(timeout_s=10.0)
+                    entry = next((m for m in models if m.get("id") == self.settings.served_model_name), None)
+                    if entry is not None:
+                        self.state.weights = weights_kind(entry.get("root"))
+                        self.metrics.stand_in.set(1 if self.state.weights == "random-stand-in" else 0)
+                        return int(entry.get("max_model_len") or self.settings.max_model_len)
+                    self.state.last_error = (f"engine does not serve {self.settings.served_model_name!r}: "
+                                             f"{[m.get('id') for m in models]}")
+                except Exception as exc:  # any failure here just means: not yet
+                    self.state.last_error = f"/v1/models: {type(exc).__name__}: {exc}"
+            await self.sleep(self.settings.health_poll_interval_s)
+
+    async def _warmup(self, max_model_len: int) -> bool:
+        plan = warmup_plan(self.settings, max_model_len)
+        burst = self.settings.warmup_burst
+        self.state.progress_total = len(plan) + (1 if burst > 1 else 0)
+        self.state.progress_done = 0
+        self.state.set_phase("warming_up")
+        t0 = time.monotonic()
+        for name, route, payload in plan:
+            result = await self.engine.generate(route, payload(), self.request_timeout_s)
+            if not self._step_ok(name, result):
+                return False
+        if burst > 1:
+            _, route, payload = plan[0]
+            results = await asyncio.gather(*(self.engine.generate(route, payload(), self.request_timeout_s)
+                                             for _ in range(burst)))
+            failed = next((r for r in results if not r.ok), None)
+            if not self._step_ok(f"burst of {burst}", failed or results[0]):
+                return False
+        took = time.monotonic() - t0
+        self.state.warmup_seconds = round(took, 3)
+        self.metrics.warmup_duration.set(took)
+        self.metrics.warmup_runs.labels("success").inc()
+        self.state.last_error = None
+        self.state.set_phase("ready")
+        log.info("warmup done", extra={"fields": {"seconds": round(took, 2), "steps": self.state.progress_total,
+                                                   "weights": self.state.weights}})
+        return True
+
+    def _step_ok(self, name: str, result: GenerationResult) -> bool:
+        self.state.record_generation(result.ok)
+        if result.ok:
+            self.state.progress_done += 1
+            return True
+        self.metrics.warmup_runs.labels("failure").inc()
+        self.state.set_phase("warming_up", error=f"warmup step '{name}': {result.error}")
+        log.warning("warmup step failed", extra={"fields": {"step": name, "error": result.error}})
+        return False
+
+    async def _watch(self) -> None:
+        """Return when readiness must be earned again: engine down, or the canary failing repeatedly."""
+        failures = 0
+        tick = min(1.0, self.settings.canary_interval_s)
+        while True:
+            await self.sleep(tick)
+            if self.state.engine_status != "ok":
+                self.state.set_phase("waiting_for_engine", error=f"engine /health: {self.state.engine_status}")
+                return
+            last = self.state.last_generation_ok
+            if last is not None and time.monotonic() - last < self.settings.canary_interval_s:
+                failures = 0  # real traffic succeeded recently: no canary needed
+                continue
+            result = await self.engine.generate(
+                "/v1/completions",
+                {"model": self.settings.served_model_name, "prompt": [PROBE_TOKEN], "max_tokens": 1,
+                 "temperature": 0.0},
+                self.settings.canary_timeout_s,
+            )
+            self.state.record_generation(result.ok)
+            if result.ok:
+                failures = 0
+                self.metrics.canary_latency.observe(result.seconds)
+                continue
+            failures += 1
+            self.metrics.canary_failures.inc()
+            log.warning("canary failed", extra={"fields": {"consecutive": failures, "error": result.error}})
+            if failures >= self.settings.canary_failures_to_unready:
+                self.state.set_phase("not_ready", error=f"canary failed {failures} times: {result.error}")
+                return

@@ -1,0 +1,126 @@
+"""`palmyra-serve up`: the quick start. Resolve the model, start the engine and the sidecar as
+child process groups, show progress until /ready, print how to call it, and on Ctrl-C stop both
+cleanly (sidecar drains first, then the engine), leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from palmyra_serve.model.resolve import resolve
+from palmyra_serve.settings import Settings
+
+STOP_TIMEOUT_S = 40.0
+
+
+def _say(msg: str) -> None:
+    print(f"[palmyra-serve] {msg}", file=sys.stderr, flush=True)
+
+
+def _ready(url: str) -> tuple[bool, dict]:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+            return True, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return False, json.loads(exc.read())
+        except ValueError:
+            return False, {"phase": f"http {exc.code}"}
+    except (OSError, ValueError):
+        return False, {"phase": "sidecar starting"}
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    # Own process group each: vLLM forks engine-core workers, and stopping must reach all of them.
+    return subprocess.Popen(argv, env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, name: str, timeout_s: float) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _say(f"{name} did not stop in {timeout_s:.0f} s; killing it")
+    except ProcessLookupError:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group (workers, orphans)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_up(settings: Settings) -> int:
+    model_dir = resolve(settings)
+    exe = [sys.executable, "-m", "palmyra_serve.cli"]
+    env = {**os.environ}
+    # The pod-local engine key: only the sidecar can use the engine's /v1.
+    env["PALMYRA_ENGINE_API_KEY"] = settings.engine_api_key or secrets.token_urlsafe(24)
+    env["PALMYRA_ENGINE_URL"] = f"http://127.0.0.1:{settings.engine_port}"
+    env["PALMYRA_MODEL"] = str(model_dir)
+    env["PALMYRA_MODEL_SOURCE"] = "local"
+    env["PALMYRA_MAX_MODEL_LEN"] = str(settings.max_model_len)
+    env["PALMYRA_DTYPE"] = settings.dtype
+    env["PALMYRA_PLATFORM"] = settings.platform
+    if settings.enforce_eager:
+        env["PALMYRA_ENFORCE_EAGER"] = "true"
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    engine = _spawn(exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)], env)
+    sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env)
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
+    t0 = time.monotonic()
+    code = 0
+    try:
+        _say(f"engine (vLLM) and sidecar starting; model {model_dir}")
+        last = ""
+        while not stopping:
+            if engine.poll() is not None or sidecar.poll() is not None:
+                which = "engine" if engine.poll() is not None else "sidecar"
+                _say(f"{which} exited unexpectedly; stopping")
+                code = 1
+                break
+            ok, body = _ready(url)
+            if ok:
+                _say(f"ready in {time.monotonic() - t0:.0f} s (weights: {body.get('weights')})")
+                print(f"\npalmyra-mini is being served at {url}\n"
+                      f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+                      f"       -d '{{\"model\": \"{settings.served_model_name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n"
+                      f"  health {url}/health  ready {url}/ready  metrics {url}/metrics\n"
+                      f"Ctrl-C stops both.\n", flush=True)
+                while not stopping and engine.poll() is None and sidecar.poll() is None:
+                    time.sleep(0.5)
+                if not stopping:
+                    _say("a child exited unexpectedly; stopping")
+                    code = 1
+                break
+            progress = body.get("progress") or {}
+            line = f"{body.get('phase')} {progress.get('done', 0)}/{progress.get('total', 0)}"
+            if line != last:
+                _say(f"{time.monotonic() - t0:5.0f} s  {line}")
+                last = line
+            time.sleep(1.0)
+    finally:
+        _say("stopping: sidecar drains, then the engine")
+        _stop(sidecar, "sidecar", STOP_TIMEOUT_S)
+        _stop(engine, "engine", STOP_TIMEOUT_S)
+        _say("stopped")
+    return code

@@ -1,0 +1,49 @@
+"""Session fixtures for the engine tier: the tiny stand-in, one real vLLM CPU engine, one sidecar.
+
+The engine starts once per session (about a minute) and every engine test shares it. Tests that
+need an engine of their own (another dtype, perturbed weights, a killed engine) use
+`helpers.procs.engine(...)` directly, one at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import procs
+from palmyra_serve.model import stand_in
+
+CACHE = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return stand_in.build(CACHE / "models" / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def engine_server(tiny_model_dir: Path, log_dir: Path) -> Iterator[procs.Server]:
+    with procs.engine(tiny_model_dir, log_dir) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sidecar_server(engine_server: procs.Server, log_dir: Path) -> Iterator[procs.Server]:
+    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def start_engine(log_dir: Path):
+    """Factory for an extra engine: `with start_engine(model_dir, dtype="float32") as e: ...`."""
+    def factory(model_dir: Path, dtype: str = "bfloat16", extra_env: dict[str, str] | None = None):
+        return procs.engine(model_dir, log_dir, dtype=dtype, extra_env=extra_env)
+    return factory

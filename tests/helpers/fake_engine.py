@@ -1,0 +1,122 @@
+"""A FAKE engine that misbehaves on purpose, for the app tier (faults the real vLLM cannot be made
+to produce on demand). It speaks just enough of vLLM's surface: /health, /v1/models and
+/v1/completions + /v1/chat/completions, streaming and not.
+
+The behaviour of a generation request is picked by its prompt (or the last chat message):
+  "fake:die"       stream 3 chunks, then drop the connection
+  "fake:hang"      accept and never answer
+  "fake:garbage"   answer bytes that are not HTTP
+  "fake:error"     400 with an OpenAI error body
+  "fake:slow"      stream chunks 0.3 s apart
+anything else: a normal answer (max_tokens chunks when streaming).
+POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang"} changes the
+default behaviour; GET /fake/stats reports what it saw (aborted streams, request ids).
+Run: python fake_engine.py PORT [--start-delay S]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from aiohttp import web
+
+STATE = {"health": "ok", "generate": "ok"}
+STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": []}
+
+
+def _chunk(i: int, chat: bool) -> bytes:
+    if chat:
+        payload = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+    else:
+        payload = {"object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}]}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def health(_: web.Request) -> web.Response:
+    if STATE["health"] == "hang":
+        await asyncio.sleep(3600)
+    if STATE["health"] == "fail":
+        return web.Response(status=503, text="engine dead")
+    return web.Response(text="")
+
+
+async def models(_: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [
+        {"id": "palmyra-mini", "object": "model", "root": "/nonexistent/fake", "max_model_len": 2048}]})
+
+
+async def stats(_: web.Request) -> web.Response:
+    return web.json_response(STATS)
+
+
+async def control(request: web.Request) -> web.Response:
+    STATE.update(await request.json())
+    return web.json_response(STATE)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    STATS["requests"] += 1
+    STATS["request_ids"].append(request.headers.get("x-request-id"))
+    STATS["auth"].append(request.headers.get("authorization"))
+    body = await request.json()
+    chat = "messages" in body
+    prompt = body["messages"][-1]["content"] if chat else body.get("prompt")
+    mode = prompt if isinstance(prompt, str) and prompt.startswith("fake:") else f"fake:{STATE['generate']}"
+    n = int(body.get("max_tokens") or 4)
+    if mode == "fake:hang":
+        await asyncio.sleep(3600)
+    if mode == "fake:fail":
+        return web.json_response({"error": {"message": "engine core died", "type": "InternalServerError",
+                                            "param": None, "code": 500}}, status=500)
+    if mode == "fake:error":
+        return web.json_response({"error": {"message": "bad sampling parameter", "type": "BadRequestError",
+                                            "param": "temperature", "code": 400}}, status=400)
+    if mode == "fake:garbage":
+        request.transport.write(b"\x00\x01 this is not HTTP\r\n\r\n")
+        request.transport.close()
+        await asyncio.sleep(0.1)
+        return web.Response()
+    if not body.get("stream"):
+        text = "".join(f"t{i}" for i in range(n))
+        STATS["completed"] += 1
+        return web.json_response({"object": "text_completion", "choices": [{"index": 0, "text": text}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}})
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    delay = 0.3 if mode == "fake:slow" else 0.0
+    try:
+        for i in range(n):
+            if mode == "fake:die" and i == 3:
+                request.transport.close()  # the engine vanishes mid-stream
+                return resp
+            await resp.write(_chunk(i, chat))
+            if delay:
+                await asyncio.sleep(delay)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        STATS["completed"] += 1
+    except (ConnectionResetError, asyncio.CancelledError):
+        STATS["aborted"] += 1
+        raise
+    return resp
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    if "--start-delay" in sys.argv:
+        time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_get("/fake/stats", stats)
+    app.router.add_post("/fake/control", control)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

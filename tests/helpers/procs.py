@@ -1,0 +1,131 @@
+"""Starting and stopping the real processes tests talk to: engine, sidecar, fakes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+PALMYRA = str(VENV_BIN / "palmyra-serve")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    api_key: str | None = None
+    port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float,
+             headers: dict[str, str] | None = None, want: int = 200) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n"
+                               f"{log_path.read_text(errors='replace')[-4000:]}")
+        try:
+            status, body = http_get(url, timeout=5, headers=headers)
+            last = (status, body[:300])
+            if status == want:
+                try:
+                    return json.loads(body)
+                except ValueError:
+                    return None
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not {want} after {timeout_s} s (last {last}):\n"
+                       f"{log_path.read_text(errors='replace')[-4000:]}")
+
+
+def spawn(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int:
+    """Signal the whole process group, wait, then kill whatever is left. Returns the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+@contextlib.contextmanager
+def engine(model_dir: Path, log_dir: Path, dtype: str = "bfloat16", api_key: str | None = "engine-test-key",
+           extra_env: dict[str, str] | None = None, timeout_s: float = 420.0) -> Iterator[Server]:
+    """The real vLLM CPU engine through the project's launcher, on a free port."""
+    port = free_port()
+    env = {"PALMYRA_MODEL": str(model_dir), "PALMYRA_MODEL_SOURCE": "local", "PALMYRA_DTYPE": dtype,
+           "PALMYRA_MAX_MODEL_LEN": "2048", "PALMYRA_CPU_KVCACHE_GIB": "2", **(extra_env or {})}
+    if api_key:
+        env["PALMYRA_ENGINE_API_KEY"] = api_key
+    log_path = log_dir / f"engine-{port}.log"
+    proc = spawn([PALMYRA, "engine", "--host", "127.0.0.1", "--port", str(port)], log_path, env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(f"{url}/v1/models", proc, log_path, timeout_s,
+                 headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        yield Server(url=url, proc=proc, log_path=log_path, api_key=api_key, port=port, env=env)
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def sidecar(engine_url: str, log_dir: Path, engine_api_key: str | None = None,
+            extra_env: dict[str, str] | None = None, wait_ready: bool = True,
+            timeout_s: float = 300.0) -> Iterator[Server]:
+    """The real sidecar process (uvicorn, real socket) in front of engine_url."""
+    port = free_port()
+    env = {"PALMYRA_ENGINE_URL": engine_url, "PALMYRA_PORT": str(port), "PALMYRA_HOST": "127.0.0.1",
+           **({"PALMYRA_ENGINE_API_KEY": engine_api_key} if engine_api_key else {}), **(extra_env or {})}
+    log_path = log_dir / f"sidecar-{port}.log"
+    proc = spawn([PALMYRA, "sidecar"], log_path, env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(f"{url}/health/sidecar", proc, log_path, 30)
+        if wait_ready:
+            wait_for(f"{url}/ready", proc, log_path, timeout_s)
+        yield Server(url=url, proc=proc, log_path=log_path, port=port, env=env)
+    finally:
+        stop(proc)
