@@ -1,0 +1,416 @@
+"""Kubernetes manifests (k8s/): every overlay renders with kubectl's kustomize, validates against
+the Kubernetes schemas (built-in kinds) and the published CRDs (KEDA, Prometheus operator), passes
+yamllint, and the rendered pod spec says what DESIGN.md's health and shutdown semantics need.
+
+Monitoring and autoscaling objects are checked in test_k8s_monitoring.py, which reuses render().
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+# The same flag the README gives users: the monitoring component reads ../monitoring files.
+KUSTOMIZE = ["kubectl", "kustomize", "--load-restrictor", "LoadRestrictionsNone"]
+
+# overlay -> the accelerator resources its engine asks for (limits), and nothing else.
+OVERLAYS: dict[str, dict[str, int]] = {
+    "ascend-mindcluster": {"huawei.com/Ascend910": 1},
+    "ascend-hami": {"huawei.com/Ascend910B": 1, "huawei.com/Ascend910B-memory": 32768},
+    "ascend-cce": {"huawei.com/ascend-1980": 1},
+    "nvidia": {"nvidia.com/gpu": 1},
+    "cpu": {},
+}
+ASCEND = [name for name in OVERLAYS if name.startswith("ascend-")]
+ENGINE_TAG = {"ascend-mindcluster": "ascend", "ascend-hami": "ascend", "ascend-cce": "ascend",
+              "nvidia": "cuda", "cpu": "cpu"}
+# Resource names that are not accelerators.
+PLAIN_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
+# Oldest and newest Kubernetes the manifests claim (kubernetes-validate ships both offline).
+K8S_VERSIONS = ("1.27.0", "1.37.0")
+# What the sidecar serves on 8080 (contract: /health engine liveness, /health/sidecar its own
+# liveness, /ready readiness).
+SIDECAR_PORT = 8080
+ASCEND_HOST_PATHS = {
+    "/usr/local/Ascend/driver/lib64",
+    "/usr/local/Ascend/driver/version.info",
+    "/usr/local/dcmi",
+    "/usr/local/bin/npu-smi",
+    "/etc/ascend_install.info",
+}
+RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must survive
+SECRET_ENV = {  # container -> env name -> (secret key, optional)
+    "engine": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False)},
+    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", True)},
+    "fetch-model": {"HF_TOKEN": ("hf-token", True)},
+}
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+def _kubectl() -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl not installed (its built-in kustomize renders the manifests)")
+
+
+def _kustomize(path: Path) -> tuple[dict, ...]:
+    result = subprocess.run([*KUSTOMIZE, str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+@functools.lru_cache(maxsize=None)
+def _render(overlay: str, components: tuple[str, ...]) -> tuple[dict, ...]:
+    target = K8S / "overlays" / overlay
+    if not components:
+        return _kustomize(target)
+    # A throw-away kustomization outside the repo stacks the components on the overlay;
+    # kustomize wants relative paths.
+    with tempfile.TemporaryDirectory(prefix="palmyra-k8s-") as tmp:
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [os.path.relpath(target, tmp)],
+            "components": [os.path.relpath(K8S / c, tmp) for c in components],
+        }), encoding="utf-8")
+        return _kustomize(Path(tmp))
+
+
+def render(overlay: str, components: tuple[str, ...] = ()) -> list[dict]:
+    """Rendered objects of an overlay (a fresh copy), optionally with opt-in components on top."""
+    _kubectl()
+    return copy.deepcopy(list(_render(overlay, components)))
+
+
+def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(objects: list[dict]) -> dict:
+    return one(objects, "Deployment", "palmyra-serve")["spec"]["template"]["spec"]
+
+
+def container(spec: dict, name: str) -> dict:
+    matches = [c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name]
+    assert len(matches) == 1, f"container {name}"
+    return matches[0]
+
+
+def config_data(objects: list[dict]) -> dict:
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("palmyra-serve-config")]
+    assert len(maps) == 1
+    return maps[0]["data"]
+
+
+# Every overlay plus the opt-in components on the CPU overlay (no overlay ships them together).
+TARGETS = [(name, ()) for name in OVERLAYS] + [
+    ("cpu", ("components/shared-model-volume",)),
+    ("cpu", ("components/autoscaling-keda",)),
+    ("cpu", ("monitoring",)),
+]
+TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps in TARGETS]
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+def _strict(schema: object) -> object:
+    """A CRD schema with additionalProperties: false wherever it lists properties and does not
+    preserve unknown fields: the API server prunes (drops) unknown fields silently, which is
+    exactly the typo this test is for."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) if k in ("items", "additionalProperties", "allOf", "anyOf", "oneOf", "not") else v
+           for k, v in schema.items()}
+    if "properties" in schema:
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="session")
+def crd_validators(shared_dir: Path) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
+    """(apiVersion, kind) -> validator, from the CRDs in ../shared/schemas/crds (read in place)."""
+    validators = {}
+    for path in sorted((shared_dir / "schemas" / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            schema = _strict(version["schema"]["openAPIV3Schema"])
+            validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(schema)
+    assert validators, "no CRDs found"
+    return validators
+
+
+def _is_builtin(obj: dict) -> bool:
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+    except kubernetes_validate.utils.SchemaNotFoundError:
+        return False
+    except kubernetes_validate.ValidationError:
+        pass
+    return True
+
+
+@pytest.mark.parametrize(("overlay", "components"), TARGETS, ids=TARGET_IDS)
+def test_objects_validate_against_kubernetes_and_crd_schemas(overlay, components, crd_validators):
+    objects = render(overlay, components)
+    for obj in objects:
+        label = f"{obj['kind']}/{obj['metadata']['name']}"
+        if _is_builtin(obj):
+            for version in K8S_VERSIONS:
+                try:
+                    kubernetes_validate.validate(obj, version, strict=True)
+                except kubernetes_validate.ValidationError as err:
+                    pytest.fail(f"{label} invalid for Kubernetes {version}: {err.message} at {list(err.path)}")
+        else:
+            key = (obj["apiVersion"], obj["kind"])
+            assert key in crd_validators, f"{label}: no schema to validate {key} against"
+            errors = [f"{e.message} at {list(e.path)}" for e in crd_validators[key].iter_errors(obj)]
+            assert not errors, f"{label} violates its CRD: {errors}"
+
+
+def test_crd_validation_rejects_a_misspelled_field(crd_validators):
+    """The strict CRD check can fail: a typo the API server would silently prune is an error."""
+    scaled = one(render("cpu", ("components/autoscaling-keda",)), "ScaledObject")
+    validator = crd_validators[(scaled["apiVersion"], "ScaledObject")]
+    assert not list(validator.iter_errors(scaled))
+    scaled["spec"]["maxReplicas"] = scaled["spec"].pop("maxReplicaCount")
+    assert list(validator.iter_errors(scaled))
+
+
+def test_kubernetes_validation_rejects_a_misspelled_field():
+    deployment = one(render("cpu"), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+
+
+def test_yamllint_passes_on_k8s():
+    result = subprocess.run(
+        [sys.executable, "-m", "yamllint", "--strict", "-c", str(K8S / ".yamllint.yaml"), str(K8S)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the pod ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_two_regular_containers_and_the_launcher_commands(overlay):
+    spec = pod_spec(render(overlay))
+    assert [c["name"] for c in spec["containers"]] == ["engine", "sidecar"]
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch-model"]
+    # No native sidecar: it would stop after the engine, the wrong order for draining.
+    assert all("restartPolicy" not in c for c in spec["initContainers"])
+    engine, sidecar, fetch = (container(spec, n) for n in ("engine", "sidecar", "fetch-model"))
+    # Engine and fetch-model keep the image's ENTRYPOINT (CANN env): the launcher goes in args.
+    assert "command" not in engine and "command" not in fetch
+    assert engine["args"] == ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+    assert fetch["args"][:2] == ["palmyra-serve", "fetch-model"]
+    assert fetch["args"][fetch["args"].index("--dest") + 1] == config_data(render(overlay))["PALMYRA_MODEL_DIR"]
+    assert sidecar["command"] == ["palmyra-serve", "sidecar", "--host", "0.0.0.0", "--port", str(SIDECAR_PORT)]
+    assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {"engine-metrics": 8000}
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": SIDECAR_PORT}
+    assert fetch["image"] == engine["image"]
+    assert engine["image"].rsplit(":", 1)[1] == ENGINE_TAG[overlay]
+    assert sidecar["image"].split("/")[-1] == "palmyra-serve-sidecar:latest"
+
+
+def _env(c: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_settings_and_secrets_reach_the_right_containers(overlay):
+    objects = render(overlay)
+    spec, data = pod_spec(objects), config_data(objects)
+    config_name = next(o["metadata"]["name"] for o in objects
+                       if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("palmyra-serve-config"))
+    assert all(key.startswith("PALMYRA_") for key in data)
+    assert data["PALMYRA_MODEL_DIR"] == "/models/palmyra-mini"
+    assert data["PALMYRA_SERVED_MODEL_NAME"] == "palmyra-mini"
+    for name, wanted in SECRET_ENV.items():
+        c = container(spec, name)
+        assert [ref["configMapRef"]["name"] for ref in c["envFrom"]] == [config_name]
+        secrets = {k: v["valueFrom"]["secretKeyRef"] for k, v in _env(c).items() if "secretKeyRef" in v.get("valueFrom", {})}
+        assert {k: (v["key"], v.get("optional", False)) for k, v in secrets.items()} == wanted
+        assert {v["name"] for v in secrets.values()} == {"palmyra-serve-secrets"}
+    assert _env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"] == "http://127.0.0.1:8000"
+
+
+def _http(probe: dict) -> tuple[str, int]:
+    return probe["httpGet"]["path"], probe["httpGet"]["port"]
+
+
+def _window(probe: dict) -> int:
+    return probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_use_the_sidecar_routes_and_survive_a_sidecar_restart(overlay):
+    spec = pod_spec(render(overlay))
+    engine, sidecar = container(spec, "engine"), container(spec, "sidecar")
+    # The engine is judged by the sidecar (a hung engine still answers its own /health).
+    assert _http(engine["startupProbe"]) == ("/health", SIDECAR_PORT)
+    assert _http(engine["livenessProbe"]) == ("/health", SIDECAR_PORT)
+    assert _http(sidecar["livenessProbe"]) == ("/health/sidecar", SIDECAR_PORT)
+    assert _http(sidecar["readinessProbe"]) == ("/ready", SIDECAR_PORT)
+    assert "readinessProbe" not in engine  # readiness is the sidecar's /ready alone
+    assert _window(engine["startupProbe"]) >= 20 * 60  # model load + compile
+    # A restarting sidecar refuses the engine's liveness probe: that must not restart the engine.
+    assert _window(engine["livenessProbe"]) >= 3 * RESTART_OF_SIDECAR_S
+    assert _window(sidecar["livenessProbe"]) < _window(engine["livenessProbe"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_outlives_the_sidecar_drain(overlay):
+    objects = render(overlay)
+    spec, data = pod_spec(objects), config_data(objects)
+    pre_stop = container(spec, "engine")["lifecycle"]["preStop"]
+    if "sleep" in pre_stop:
+        wait = int(pre_stop["sleep"]["seconds"])
+    else:
+        command = pre_stop["exec"]["command"]
+        assert command[0] == "sleep" and len(command) == 2
+        wait = int(command[1])
+    drain = float(data["PALMYRA_DRAIN_TIMEOUT_S"])
+    assert spec["terminationGracePeriodSeconds"] > wait >= drain
+    assert "lifecycle" not in container(spec, "sidecar")  # the sidecar drains on SIGTERM itself
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_security_contexts(overlay):
+    spec = pod_spec(render(overlay))
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (1000, 1000, 1000)
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec.get("hostNetwork", False) is False and spec.get("hostPID", False) is False
+    for c in spec["containers"] + spec["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+        assert not sc.get("privileged", False), c["name"]
+        # A read-only root needs a writable /tmp.
+        assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, c["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_volumes(overlay):
+    spec = pod_spec(render(overlay))
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes["model"]  # base: per-pod copy filled by fetch-model
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    assert "emptyDir" in volumes["cache"]
+    mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"] + spec["initContainers"]}
+    assert mounts["engine"]["/dev/shm"]["name"] == "shm"
+    assert mounts["engine"]["/cache"]["name"] == "cache"
+    assert mounts["fetch-model"]["/models"].get("readOnly", False) is False
+    for name in ("engine", "sidecar"):
+        assert mounts[name]["/models"]["name"] == "model"
+        assert mounts[name]["/models"]["readOnly"] is True
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == (ASCEND_HOST_PATHS if overlay in ASCEND else set())
+    for m in mounts["engine"].values():
+        if volumes[m["name"]].get("hostPath"):
+            assert m["readOnly"] is True and m["mountPath"] == volumes[m["name"]]["hostPath"]["path"]
+
+
+def _accelerators(c: dict) -> dict:
+    res = c.get("resources", {})
+    names = set(res.get("limits", {})) | set(res.get("requests", {}))
+    return {n: res.get("limits", {}).get(n, res.get("requests", {}).get(n)) for n in names - PLAIN_RESOURCES}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_requests_exactly_its_accelerator(overlay):
+    spec = pod_spec(render(overlay))
+    assert _accelerators(container(spec, "engine")) == OVERLAYS[overlay]
+    for name in ("sidecar", "fetch-model"):
+        assert _accelerators(container(spec, name)) == {}
+    # Extended resources are not overcommitted: they belong in limits.
+    assert set(OVERLAYS[overlay]) <= set(container(spec, "engine")["resources"].get("limits", {}))
+
+
+def _strip_accelerator(spec: dict) -> dict:
+    spec = copy.deepcopy(spec)
+    spec.pop("nodeSelector", None)
+    limits = container(spec, "engine")["resources"]["limits"]
+    for name in set(limits) - PLAIN_RESOURCES:
+        del limits[name]
+    return spec
+
+
+def test_ascend_overlays_differ_only_in_the_device_plugin_bits():
+    specs = {name: pod_spec(render(name)) for name in ASCEND}
+    assert specs["ascend-mindcluster"]["nodeSelector"] == {"accelerator": "huawei-Ascend910"}
+    stripped = [_strip_accelerator(s) for s in specs.values()]
+    assert all(s == stripped[0] for s in stripped[1:])
+    ascend = specs["ascend-cce"]
+    assert 1000 in ascend["securityContext"]["supplementalGroups"]  # HwHiAiUser owns the device nodes
+    assert _env(container(ascend, "engine"))["PYTORCH_NPU_ALLOC_CONF"]["value"] == "expandable_segments:True"
+    assert config_data(render("ascend-cce"))["PALMYRA_PLATFORM"] == "ascend"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_spread_and_disruption_budget(overlay):
+    objects = render(overlay)
+    spec = pod_spec(objects)
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    terms = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in terms] == ["kubernetes.io/hostname"]
+    assert terms[0]["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    pdb = one(objects, "PodDisruptionBudget")["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb.get("maxUnavailable") == 1 or pdb.get("minAvailable") is not None
+    assert "replicas" not in one(objects, "Deployment")["spec"]  # the autoscaler owns it
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_exposes_only_the_sidecar_and_network_policy(overlay):
+    objects = render(overlay)
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = one(objects, "Service", "palmyra-serve")["spec"]
+    assert service["selector"].items() <= labels.items()
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [("http", 8080, "http")]
+    policy = one(objects, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    rules = [(r.get("from"), sorted(p["port"] for p in r["ports"])) for r in policy["ingress"]]
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert sorted(rules, key=str) == sorted([(None, [8080]), (monitoring, [8000, 8080])], key=str)
+
+
+def test_shared_model_volume_component_swaps_in_a_multi_node_claim():
+    objects = render("cpu", ("components/shared-model-volume",))
+    model = next(v for v in pod_spec(objects)["volumes"] if v["name"] == "model")
+    assert set(model) == {"name", "persistentVolumeClaim"}
+    claim = one(objects, "PersistentVolumeClaim", model["persistentVolumeClaim"]["claimName"])
+    # ReadWriteOnce cannot back replicas on several nodes.
+    assert set(claim["spec"]["accessModes"]) <= {"ReadOnlyMany", "ReadWriteMany"}
+
+
+def test_readme_documents_the_load_restrictor_flag():
+    readme = (K8S / "README.md").read_text(encoding="utf-8")
+    assert " ".join(KUSTOMIZE) in readme
+    for overlay in OVERLAYS:
+        assert f"k8s/overlays/{overlay}" in readme
