@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     warmup_long_prompt_share: float = Field(
         0.5, description="Longest warmup prompt as a share of max-model-len."
     )
+    warmup_request_timeout_s: float = Field(
+        300.0, description="Longest a single warmup generation may take (a long prompt on a slow CPU engine)."
+    )
     warmup_burst: int = Field(4, description="Concurrent requests in the warmup burst.")
     warmup_max_backoff_s: float = Field(30.0, description="Warmup retries back off up to this long.")
     canary_interval_s: float = Field(15.0, description="Idle seconds between one-token canary generations.")

@@ -3,8 +3,6 @@ misbehaves on purpose (tests/helpers/fake_engine.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,27 +10,13 @@ import httpx
 import pytest
 
 from helpers import procs
+from helpers.procs import fake_engine
 
-FAKE = str(Path(__file__).resolve().parent.parent / "helpers" / "fake_engine.py")
 # Short intervals so transitions happen in seconds, not the production defaults' minutes.
 FAST = {"PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2", "PALMYRA_CANARY_INTERVAL_S": "0.5",
         "PALMYRA_CANARY_TIMEOUT_S": "1", "PALMYRA_LIVENESS_BUDGET_S": "3", "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
-        "PALMYRA_READ_TIMEOUT_S": "2", "PALMYRA_CONNECT_TIMEOUT_S": "1", "PALMYRA_DRAIN_TIMEOUT_S": "10"}
-
-
-@contextlib.contextmanager
-def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None) -> Iterator[procs.Server]:
-    port = port or procs.free_port()
-    log_path = log_dir / f"fake-{port}.log"
-    argv = [sys.executable, FAKE, str(port)] + (["--start-delay", str(start_delay)] if start_delay else [])
-    proc = procs.spawn(argv, log_path, {})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        if not start_delay:
-            procs.wait_for(f"{url}/health", proc, log_path, 20)
-        yield procs.Server(url=url, proc=proc, log_path=log_path, port=port)
-    finally:
-        procs.stop(proc, timeout_s=5)
+        "PALMYRA_READ_TIMEOUT_S": "2", "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "2",
+        "PALMYRA_CONNECT_TIMEOUT_S": "1", "PALMYRA_DRAIN_TIMEOUT_S": "10"}
 
 
 @pytest.fixture

@@ -129,3 +129,21 @@ def sidecar(engine_url: str, log_dir: Path, engine_api_key: str | None = None,
         yield Server(url=url, proc=proc, log_path=log_path, port=port, env=env)
     finally:
         stop(proc)
+
+
+FAKE_ENGINE = str(Path(__file__).resolve().parent / "fake_engine.py")
+
+
+@contextlib.contextmanager
+def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None) -> Iterator[Server]:
+    port = port or free_port()
+    log_path = log_dir / f"fake-{port}.log"
+    argv = [sys.executable, FAKE_ENGINE, str(port)] + (["--start-delay", str(start_delay)] if start_delay else [])
+    proc = spawn(argv, log_path, {})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not start_delay:
+            wait_for(f"{url}/health", proc, log_path, 20)
+        yield Server(url=url, proc=proc, log_path=log_path, port=port)
+    finally:
+        stop(proc, timeout_s=5)

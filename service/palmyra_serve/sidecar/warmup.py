@@ -73,7 +73,7 @@ class Supervisor:
         self.engine = engine
         self.metrics = metrics
         self.sleep = sleep
-        self.request_timeout_s = max(60.0, settings.read_timeout_s)
+        self.request_timeout_s = settings.warmup_request_timeout_s
 
     async def run(self) -> None:
         backoff = 1.0
