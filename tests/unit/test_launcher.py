@@ -1,0 +1,39 @@
+"""The engine launcher's argv and environment per platform (the command the containers run)."""
+
+from __future__ import annotations
+
+from palmyra_serve.engine.launcher import build_command
+from palmyra_serve.settings import Settings
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_cpu_command_carries_the_seed_flags_and_cpu_env(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cmd = build_command(Settings(engine_api_key="secret", cpu_kvcache_gib=3), "/models/palmyra-mini", "cpu")
+    a = cmd.argv
+    assert a[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(a, "--model") == "/models/palmyra-mini"
+    assert flag(a, "--served-model-name") == "palmyra-mini"
+    assert flag(a, "--dtype") == "bfloat16" and flag(a, "--max-model-len") == "8192"
+    assert "--enable-chunked-prefill" in a and flag(a, "--port") == "8000"
+    assert flag(a, "--api-key") == "secret"
+    assert "--gpu-memory-utilization" not in a
+    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert "secret" not in cmd.redacted() and "--api-key '***'" in cmd.redacted()
+
+
+def test_ascend_command_sets_npu_env_and_memory_share(monkeypatch):
+    monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
+    cmd = build_command(Settings(npu_devices="2"), "/m", "ascend")
+    assert flag(cmd.argv, "--gpu-memory-utilization") == "0.85"
+    assert cmd.env == {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "ASCEND_RT_VISIBLE_DEVICES": "2"}
+    assert "--api-key" not in cmd.argv
+
+
+def test_drain_and_shutdown_timeout_agree_and_extra_args_append():
+    cmd = build_command(Settings(drain_timeout_s=45, engine_extra_args="--seed 7 --enforce-eager"), "/m", "cuda")
+    assert flag(cmd.argv, "--shutdown-timeout") == "45"
+    assert cmd.argv[-3:] == ["--seed", "7", "--enforce-eager"]

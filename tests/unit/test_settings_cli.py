@@ -1,0 +1,60 @@
+"""Settings come from PALMYRA_* variables; CLI flags override them; every subcommand has --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from palmyra_serve.cli import _settings, build_parser
+from palmyra_serve.settings import Settings
+
+SUBCOMMANDS = ("up", "engine", "sidecar", "make-model", "fetch-model", "validate", "bench")
+
+
+def test_env_prefix_and_defaults(monkeypatch):
+    monkeypatch.setenv("PALMYRA_ENGINE_URL", "http://engine:8000")
+    monkeypatch.setenv("PALMYRA_MAX_IN_FLIGHT", "7")
+    s = Settings()
+    assert s.engine_url == "http://engine:8000" and s.max_in_flight == 7
+    assert s.port == 8080 and s.engine_port == 8000 and s.served_model_name == "palmyra-mini"
+    assert s.dtype == "bfloat16" and s.max_model_len == 8192
+
+
+def test_flags_override_environment(monkeypatch):
+    monkeypatch.setenv("PALMYRA_PORT", "9999")
+    monkeypatch.setenv("PALMYRA_HOST", "10.0.0.1")
+    args = build_parser().parse_args(["sidecar", "--port", "8181"])
+    s = _settings(args)
+    assert s.port == 8181  # the flag wins
+    assert s.host == "10.0.0.1"  # no flag: the environment stays
+
+
+def test_engine_port_flag_maps_to_engine_port():
+    s = _settings(build_parser().parse_args(["engine", "--port", "8001", "--dtype", "float32"]))
+    assert s.engine_port == 8001 and s.dtype == "float32"
+
+
+def test_api_keys_from_env_list_and_file(monkeypatch, tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# comment\n\nk3\n  k4  \n")
+    monkeypatch.setenv("PALMYRA_API_KEYS", " k1, ,k2 ")
+    monkeypatch.setenv("PALMYRA_API_KEYS_FILE", str(f))
+    assert Settings().all_api_keys() == ["k1", "k2", "k3", "k4"]
+
+
+def test_invalid_setting_is_rejected(monkeypatch):
+    monkeypatch.setenv("PALMYRA_PLATFORM", "tpu")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_every_subcommand_has_help(sub):
+    out = subprocess.run([sys.executable, "-m", "palmyra_serve.cli", sub, "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "usage: palmyra-serve " + sub in out.stdout
+    if sub in ("engine", "sidecar"):
+        assert "--host" in out.stdout and "--port" in out.stdout

@@ -1,0 +1,110 @@
+"""Pure parts of the sidecar: admission queueing, key checks, liveness/readiness judgements."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.proxy import _usage, request_id_from
+
+
+def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
+    async def scenario():
+        adm = Admission(max_in_flight=1, max_queue=2, queue_timeout_s=5, retry_after_s=2)
+        order = []
+        await adm.acquire()
+
+        async def waiter(name):
+            await adm.acquire()
+            order.append(name)
+
+        tasks = [asyncio.create_task(waiter(n)) for n in ("a", "b")]
+        await asyncio.sleep(0)
+        assert adm.queued == 2
+        with pytest.raises(errors.ApiError) as exc:
+            await adm.acquire()
+        assert exc.value.status == 429 and exc.value.retry_after == 2
+        adm.release()
+        await asyncio.sleep(0)
+        adm.release()
+        await asyncio.gather(*tasks)
+        adm.release()
+        assert order == ["a", "b"] and adm.in_flight == 0 and adm.queued == 0
+    asyncio.run(scenario())
+
+
+def test_admission_queue_timeout_and_drain():
+    async def scenario():
+        adm = Admission(max_in_flight=1, max_queue=5, queue_timeout_s=0.05, retry_after_s=1)
+        await adm.acquire()
+        with pytest.raises(errors.ApiError) as exc:
+            await adm.acquire()
+        assert exc.value.code == "queue_timeout" and adm.queued == 0
+        drained = asyncio.create_task(adm.drain(5))
+        await asyncio.sleep(0.01)
+        with pytest.raises(errors.ApiError) as exc:
+            await adm.acquire()
+        assert exc.value.status == 503
+        assert not drained.done()
+        adm.release()
+        assert await drained is True
+    asyncio.run(scenario())
+
+
+def test_api_keys_accept_only_whole_bearer_keys():
+    keys = ApiKeys(["k-123", "other"])
+    assert keys.check(b"Bearer k-123") and keys.check(b"bearer other")
+    for bad in (None, b"", b"Bearer k-12", b"Bearer k-1234", b"k-123", b"Basic k-123", b"Bearer "):
+        assert not keys.check(bad)
+    assert ApiKeys([]).check(None)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_liveness_starting_dead_hung_and_readiness():
+    clock = Clock()
+    h = HealthState(SidecarMetrics(), liveness_budget_s=30, clock=clock)
+    assert h.liveness()[1]["status"] == "starting" and not h.liveness()[0]
+    h.record_health(True, "ok")
+    h.set_phase("ready")
+    assert h.liveness()[0] and h.readiness()[0]
+    h.record_health(False, "refused")
+    assert h.liveness()[1]["status"] == "engine_dead" and not h.readiness()[0]
+    h.record_health(True, "ok")
+    h.record_health(False, "timeout")  # a slow /health is tolerated until the budget is spent
+    clock.t += 29
+    assert h.liveness()[0]
+    clock.t += 2
+    assert h.liveness()[1]["status"] == "engine_hung"
+    h.record_health(True, "ok")
+    h.record_generation(False)
+    clock.t += 31
+    h.record_health(True, "ok")
+    assert h.liveness()[1]["status"] == "engine_hung"  # /health fine, generations failing past budget
+    h.record_generation(True)
+    assert h.liveness()[0]
+    h.begin_drain()
+    assert not h.readiness()[0] and h.readiness()[1]["phase"] == "draining" and h.liveness()[0]
+
+
+def test_request_ids_and_usage_parsing():
+    assert request_id_from(b"abc-DEF_1.2:3") == "abc-DEF_1.2:3"
+    assert len(request_id_from(b"has space")) == 32 and len(request_id_from(b"x" * 129)) == 32
+    assert _usage(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}') == {"prompt_tokens": 3,
+                                                                                   "completion_tokens": 5}
+    chunk = b'data: {"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":3}}\n\ndata: [DONE]\n\n'
+    assert _usage(chunk)["completion_tokens"] == 3
+    assert _usage(b'data: {"choices":[]}\n\n') is None
+    assert _usage(b'data: {"usage":{"trunc') is None
