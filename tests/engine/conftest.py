@@ -47,3 +47,10 @@ def start_engine(log_dir: Path):
     def factory(model_dir: Path, dtype: str = "bfloat16", extra_env: dict[str, str] | None = None):
         return procs.engine(model_dir, log_dir, dtype=dtype, extra_env=extra_env)
     return factory
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start engines of their own run before the shared engine starts, so that two
+    engines never compete for these two cores."""
+    shared = {"engine_server", "sidecar_server"}
+    items.sort(key=lambda item: bool(shared & set(getattr(item, "fixturenames", ()))))

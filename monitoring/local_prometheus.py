@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Run a throwaway Prometheus on loopback with this repository's config and alert rules.
+
+For a local `palmyra-serve up` (no Compose, no Grafana) and for the tests that check the
+dashboards' queries and the alert rules against a real Prometheus:
+
+    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080 --engine 127.0.0.1:8000
+    # prints the URL it listens on (a free loopback port); Ctrl-C stops it and deletes its storage
+
+The config is monitoring/prometheus/prometheus.yml with only the targets swapped (jobs without
+a target are dropped) and the rule files made absolute, so the jobs, external labels and rules
+exercised are the ones deployed. Standard library only; needs a `prometheus` binary on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "prometheus" / "prometheus.yml"
+RULES_DIR = HERE / "prometheus" / "rules"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def render_config(base: dict, targets: dict[str, list[str]], *, scrape_interval: str = "1s",
+                  extra_jobs: list[dict] | None = None, external_labels: dict | None = None) -> dict:
+    """The deployed config with `targets` (job name -> host:port list) instead of Compose names."""
+    cfg = copy.deepcopy(base)
+    cfg["global"]["scrape_interval"] = scrape_interval
+    cfg["global"]["evaluation_interval"] = scrape_interval
+    if external_labels:
+        cfg["global"].setdefault("external_labels", {}).update(external_labels)
+    jobs = []
+    for job in cfg["scrape_configs"] + list(extra_jobs or []):
+        if job["job_name"] in targets:
+            job = dict(job, scrape_interval=scrape_interval, static_configs=[{"targets": targets[job["job_name"]]}])
+            jobs.append(job)
+    cfg["scrape_configs"] = jobs
+    cfg["rule_files"] = [str(p) for p in sorted(RULES_DIR.glob("*.yml"))]
+    return cfg
+
+
+class LocalPrometheus:
+    """A Prometheus process on 127.0.0.1:<free port> with storage in a temporary directory."""
+
+    def __init__(self, config: dict, binary: str = "prometheus"):
+        self.config, self.binary = config, binary
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self.workdir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> "LocalPrometheus":
+        self.workdir = Path(tempfile.mkdtemp(prefix="palmyra-prom-"))
+        cfg_path = self.workdir / "prometheus.yml"
+        # JSON is valid YAML: no YAML library needed here.
+        cfg_path.write_text(json.dumps(self.config, indent=2), encoding="utf-8")
+        self.port = free_port()
+        self.log_path = self.workdir / "prometheus.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, f"--config.file={cfg_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"prometheus not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except (OSError, AttributeError):
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> "LocalPrometheus":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- HTTP API -----------------------------------------------------------------------------
+    def api(self, path: str, **params: str) -> dict:
+        """GET /api/v1/<path>; returns the JSON body (status "success" or "error") even on HTTP 4xx."""
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as err:  # 400/422 carry the PromQL error as JSON
+            return json.load(err)
+
+    def query(self, expr: str) -> dict:
+        return self.api("query", query=expr)
+
+    def targets_up(self) -> dict[str, bool]:
+        active = self.api("targets", state="active")["data"]["activeTargets"]
+        return {t["scrapePool"]: t["health"] == "up" for t in active}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sidecar", action="append", default=[], help="host:port of a sidecar (repeatable)")
+    ap.add_argument("--engine", action="append", default=[], help="host:port of an engine (repeatable)")
+    ap.add_argument("--npu-exporter", action="append", default=[], help="host:port of an npu-exporter")
+    ap.add_argument("--scrape-interval", default="5s")
+    args = ap.parse_args()
+    import yaml  # only the CLI needs it (PyYAML, in the test extras); the tests pass a parsed dict
+
+    base = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    targets = {"palmyra-sidecar": args.sidecar, "palmyra-engine": args.engine, "npu-exporter": args.npu_exporter}
+    prom = LocalPrometheus(render_config(base, {k: v for k, v in targets.items() if v},
+                                         scrape_interval=args.scrape_interval))
+    with prom:
+        print(f"prometheus on {prom.url} (Ctrl-C stops it)", flush=True)
+        try:
+            while prom.proc.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The real vLLM CPU engine (tiny stand-in) behind the real sidecar, called the way users call it:
+the unmodified OpenAI SDK and curl."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def sdk(sidecar_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{sidecar_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def engine_gauge(engine_server, name: str) -> float:
+    text = httpx.get(f"{engine_server.url}/metrics", timeout=5).text
+    values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)]
+    assert values, f"{name} missing from the engine's /metrics"
+    return sum(values)
+
+
+def test_ready_reports_the_random_stand_in(sidecar_server):
+    body = httpx.get(f"{sidecar_server.url}/ready", timeout=5).json()
+    assert body["ready"] is True and body["weights"] == "random-stand-in"
+    assert body["progress"]["done"] == body["progress"]["total"] >= 6
+
+
+def test_sdk_completion_returns_real_generated_tokens(sdk):
+    out = sdk.completions.create(model="palmyra-mini", prompt="What is 2+2?", max_tokens=8, temperature=0)
+    assert out.usage.completion_tokens == 8 and out.usage.prompt_tokens == 7
+    assert out.choices[0].text and out.choices[0].finish_reason == "length"
+    again = sdk.completions.create(model="palmyra-mini", prompt="What is 2+2?", max_tokens=8, temperature=0)
+    assert again.choices[0].text == out.choices[0].text  # greedy is deterministic
+
+
+def test_sdk_chat_and_streaming(sdk):
+    chat = sdk.chat.completions.create(model="palmyra-mini", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=5)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 5
+    pieces = [c.choices[0].text for c in sdk.completions.create(
+        model="palmyra-mini", prompt="Once upon", max_tokens=6, stream=True, temperature=0) if c.choices]
+    assert len(pieces) == 6
+    deltas = [c.choices[0].delta.content for c in sdk.chat.completions.create(
+        model="palmyra-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True}) if c.choices]
+    assert len([d for d in deltas if d]) >= 3
+
+
+def test_sdk_errors_are_openai_errors(sdk):
+    with pytest.raises(openai.NotFoundError) as exc:
+        sdk.completions.create(model="not-a-model", prompt="x", max_tokens=1)
+    assert "not-a-model" in str(exc.value)
+    with pytest.raises(openai.BadRequestError):
+        sdk.completions.create(model="palmyra-mini", prompt="x", max_tokens=1, temperature=-1)
+    with pytest.raises(openai.BadRequestError):
+        sdk.completions.create(model="palmyra-mini", prompt=[9707] * 3000, max_tokens=1)  # over max-model-len
+
+
+def test_curl_completion_and_request_id(sidecar_server):
+    out = subprocess.run(
+        ["curl", "-sS", "-i", f"{sidecar_server.url}/v1/completions", "-H", "Content-Type: application/json",
+         "-H", "X-Request-Id: curl-1", "-d", json.dumps({"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 4})],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    head, _, body = out.stdout.partition("\n\n")  # text mode turned \r\n into \n
+    assert head.startswith("HTTP/1.1 200") and "x-request-id: curl-1" in head.lower(), out.stdout
+    assert json.loads(body)["usage"]["completion_tokens"] == 4, out.stdout
+
+
+def test_client_disconnect_makes_the_engine_abort(sidecar_server, engine_server):
+    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 4000, "ignore_eos": True,
+                       "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", sidecar_server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while received.count(b"data: ") < 5:
+            received += sock.recv(65536)
+        assert engine_gauge(engine_server, "vllm:num_requests_running") == 1
+    deadline = time.monotonic() + 10
+    while engine_gauge(engine_server, "vllm:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "the engine kept generating for a client that left"
+        time.sleep(0.2)
+    generated = engine_gauge(engine_server, "vllm:generation_tokens_total")
+    time.sleep(1)
+    assert engine_gauge(engine_server, "vllm:generation_tokens_total") == generated  # nothing more generated

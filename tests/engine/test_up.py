@@ -1,0 +1,47 @@
+"""`palmyra-serve up` end to end: real engine + sidecar, a real completion, Ctrl-C leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import psutil
+
+from helpers import procs
+
+
+def test_up_serves_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
+    port, engine_port = procs.free_port(), procs.free_port()
+    log_path = log_dir / "up.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([procs.PALMYRA, "up", "--port", str(port), "--engine-port", str(engine_port),
+                                 "--model", str(tiny_model_dir), "--max-model-len", "2048"],
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1"})
+    try:
+        deadline = time.monotonic() + 420
+        while "is being served at" not in log_path.read_text(errors="replace"):
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "up never became ready"
+            time.sleep(1)
+        out = log_path.read_text()
+        assert f"http://127.0.0.1:{port}" in out and "curl " in out
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                          json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
+        # The engine's /v1 is guarded by the generated pod-local key: only the sidecar gets in.
+        assert httpx.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=5).status_code == 401
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        family += [p.pid for p in psutil.process_iter(["cmdline"])
+                   if str(engine_port) in " ".join(p.info["cmdline"] or [])]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0
+        time.sleep(1)
+        alive = [pid for pid in set(family) if psutil.pid_exists(pid) and
+                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"left behind: {alive}"
+        assert "stopped" in log_path.read_text()
+    finally:
+        procs.stop(proc, signal.SIGKILL, 5)

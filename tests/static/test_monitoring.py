@@ -1,0 +1,392 @@
+"""Monitoring as code: Prometheus config and alert rules checked and unit-tested with promtool,
+Grafana dashboards checked for structure, runbook links resolved, and the NPU dashboard proven
+against a real Prometheus scraping Ascend npu-exporter's recorded /metrics page."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MON = REPO / "monitoring"
+PROM_DIR = MON / "prometheus"
+RULES = PROM_DIR / "rules" / "palmyra-alerts.yml"
+UNIT_TESTS = PROM_DIR / "tests" / "palmyra-alerts.test.yml"
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+DS_REF = {"type": "prometheus", "uid": "${datasource}"}
+RUNBOOK_PREFIX = "{{ $externalLabels.runbook_base_url }}#"
+TEST_BASE_URL = "https://runbooks.example/palmyra.md"
+
+EXPECTED_ALERTS = {
+    "PalmyraReplicaNotReady", "PalmyraEngineDown", "PalmyraWarmupFailing", "PalmyraTTFTHigh",
+    "PalmyraInterTokenLatencyHigh", "PalmyraErrorRatioHigh", "PalmyraQueueDepthSustained",
+    "PalmyraKVCacheNearFull", "PalmyraPreemptionSpike", "PalmyraOverloadRejections", "PalmyraNPUUnhealthy",
+}
+# vLLM renamed these; a dashboard may join old and new name with `or` (no data is invented).
+RENAMED = [("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+           ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")]
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s"}
+DASHBOARD_FILES = ["palmyra-service.json", "palmyra-engine.json", "palmyra-npu.json"]
+
+# What each dashboard must show (from the contract's metric tables and npu-exporter's names).
+REQUIRED_METRICS = {
+    "palmyra-service.json": [
+        "palmyra_requests_total", "palmyra_request_duration_seconds_bucket",
+        "palmyra_time_to_first_token_seconds_bucket", "palmyra_inter_token_latency_seconds_bucket",
+        "palmyra_output_tokens_total", "palmyra_prompt_tokens_total", "palmyra_in_flight_requests",
+        "palmyra_queued_requests", "palmyra_rejections_total", "palmyra_upstream_errors_total", "palmyra_ready",
+        "palmyra_engine_live", "palmyra_warmup_phase", "palmyra_warmup_duration_seconds",
+        "palmyra_warmup_runs_total", "palmyra_canary_latency_seconds_bucket", "palmyra_canary_failures_total",
+        "palmyra_stand_in_weights",
+    ],
+    "palmyra-engine.json": [
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+        "vllm:time_per_output_token_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_prefill_time_seconds_bucket", "vllm:request_decode_time_seconds_bucket",
+        "vllm:request_prompt_tokens_bucket", "vllm:request_generation_tokens_bucket",
+        "vllm:request_success_total", "vllm:e2e_request_latency_seconds_bucket",
+    ],
+    "palmyra-npu.json": [
+        "npu_chip_info_utilization", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory",
+        "npu_chip_info_temperature", "npu_chip_info_power", "npu_chip_info_health_status",
+    ],
+}
+
+
+def _load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+dq = _load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
+local_prometheus = _load_module("palmyra_local_prometheus", MON / "local_prometheus.py")
+generator = _load_module("palmyra_generate_dashboards", MON / "grafana" / "generate_dashboards.py")
+
+
+def _yaml(path: Path):
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _alert_rules() -> list[dict]:
+    return [r for g in _yaml(RULES)["groups"] for r in g["rules"] if "alert" in r]
+
+
+def _recorded(name: str) -> dict:
+    return next(r for g in _yaml(RULES)["groups"] for r in g["rules"] if r.get("record") == name)
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("promtool")
+    assert exe, "promtool missing: install Debian's `prometheus` package (./test.sh static does)"
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's heading anchor: lower-case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+# ----------------------------------------------------------------------------------- promtool
+def test_promtool_check_config_finds_the_rules():
+    # rule_files is relative to the config (Compose mounts the folder at /etc/prometheus).
+    out = _promtool("check", "config", "prometheus.yml", cwd=PROM_DIR)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 1 rule files found" in out.stdout + out.stderr
+
+
+def test_promtool_check_rules():
+    out = _promtool("check", "rules", str(RULES), cwd=PROM_DIR)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_unit_tests_pass():
+    out = _promtool("test", "rules", str(UNIT_TESTS.relative_to(PROM_DIR)), cwd=PROM_DIR)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout + out.stderr
+
+
+def test_unit_tests_cover_every_alert_firing_and_silent():
+    fires, silent = set(), set()
+    for case in _yaml(UNIT_TESTS)["tests"]:
+        for t in case.get("alert_rule_test", []):
+            (fires if t.get("exp_alerts") else silent).add(t["alertname"])
+    assert fires == EXPECTED_ALERTS, f"no firing case for {EXPECTED_ALERTS - fires}"
+    assert silent == EXPECTED_ALERTS, f"no silent case for {EXPECTED_ALERTS - silent}"
+
+
+# --------------------------------------------------------------------------------- the rules
+def test_alert_set_and_annotations():
+    rules = _alert_rules()
+    names = [r["alert"] for r in rules]
+    assert sorted(names) == sorted(EXPECTED_ALERTS)
+    for r in rules:
+        assert r.get("for"), f"{r['alert']}: no `for:` (a single bad sample would page)"
+        assert r["labels"]["severity"] in {"warning", "critical"}, r["alert"]
+        ann = r["annotations"]
+        assert ann.get("summary") and ann.get("description"), r["alert"]
+        assert ann["runbook_url"] == RUNBOOK_PREFIX + r["alert"].lower(), r["alert"]
+
+
+def test_every_runbook_url_anchor_is_a_heading_in_runbooks_md():
+    headings = re.findall(r"^## (.+)$", RUNBOOKS.read_text(encoding="utf-8"), flags=re.M)
+    anchors = {github_slug(h) for h in headings}
+    for r in _alert_rules():
+        anchor = r["annotations"]["runbook_url"].removeprefix(RUNBOOK_PREFIX)
+        assert anchor in anchors, f"{r['alert']}: #{anchor} is no heading in docs/runbooks.md"
+    # and no runbook section for an alert that does not exist
+    assert {h.strip() for h in headings} == EXPECTED_ALERTS
+
+
+def test_prometheus_config_jobs_rules_and_runbook_base():
+    cfg = _yaml(PROM_DIR / "prometheus.yml")
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    targets = {name: j["static_configs"][0]["targets"] for name, j in jobs.items()}
+    assert targets == {"palmyra-sidecar": ["sidecar:8080"], "palmyra-engine": ["engine:8000"],
+                       "npu-exporter": ["npu-exporter:8082"]}
+    assert all(j.get("metrics_path", "/metrics") == "/metrics" for j in jobs.values())
+    matched = [p for pattern in cfg["rule_files"] for p in PROM_DIR.glob(pattern)]
+    assert matched == [RULES], "rule_files must be relative to the config and match the rules file"
+    base = cfg["global"]["external_labels"]["runbook_base_url"]
+    assert base.startswith("https://") and base.endswith("/docs/runbooks.md")
+
+
+def test_slo_constants_agree_between_rules_and_dashboard():
+    service = dq.load("palmyra-service.json")
+    variables = {v["name"]: v for v in service["templating"]["list"]}
+    for var, record in (("ttft_slo", "palmyra:slo_ttft_p99_seconds"), ("itl_slo", "palmyra:slo_itl_p99_seconds")):
+        constant = re.fullmatch(r"vector\(([\d.]+)\)", _recorded(record)["expr"].strip()).group(1)
+        assert variables[var]["type"] in {"textbox", "constant"}
+        assert float(variables[var]["query"]) == float(constant), var
+
+
+# ----------------------------------------------------------------------------------- Grafana
+def test_grafana_provisioning():
+    ds = _yaml(MON / "grafana" / "provisioning" / "datasources" / "prometheus.yml")["datasources"]
+    assert [(d["type"], d["uid"], d["url"]) for d in ds] == [("prometheus", "prometheus", "http://prometheus:9090")]
+    providers = _yaml(MON / "grafana" / "provisioning" / "dashboards" / "palmyra.yml")["providers"]
+    assert [(p["type"], p["options"]["path"]) for p in providers] == [("file", "/var/lib/grafana/dashboards")]
+    on_disk = sorted(p.name for p in (MON / "grafana" / "dashboards").glob("*.json"))
+    assert on_disk == sorted(DASHBOARD_FILES)
+
+
+def test_dashboard_json_is_the_generators_output():
+    for name, build in generator.DASHBOARDS.items():
+        committed = (MON / "grafana" / "dashboards" / name).read_text(encoding="utf-8")
+        assert committed == generator.render(build), f"{name} differs: run monitoring/grafana/generate_dashboards.py"
+
+
+def test_dashboard_uids_unique():
+    dashboards = [dq.load(n) for n in DASHBOARD_FILES]
+    uids = [d["uid"] for d in dashboards]
+    assert len(set(uids)) == len(uids) and all(uids)
+    for d in dashboards:
+        ids = [p["id"] for p in d["panels"]]
+        assert len(set(ids)) == len(ids), d["uid"]
+
+
+def _walk(node, path=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield path + "/" + k, k, v
+            yield from _walk(v, path + "/" + k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_dashboard_structure(name):
+    d = dq.load(name)
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "instance" in variables
+    if name != "palmyra-npu.json":
+        assert "model" in variables  # the NPU exporter knows chips, not served models
+    # No hard-coded datasource anywhere: every datasource reference is the variable.
+    for where, key, value in _walk(d):
+        if key == "datasource" and where != "/templating/list[0]/datasource":
+            assert value == DS_REF, f"{name}{where}: {value!r}"
+    panels = [p for p in d["panels"] if p["type"] != "row"]
+    used: set[str] = set()
+    for p in panels:
+        assert p["datasource"] == DS_REF, p["title"]
+        exprs = [t.get("expr", "").strip() for t in p.get("targets", [])]
+        assert exprs and all(exprs), f"{p['title']}: every panel needs targets with an expr"
+        for expr in exprs:
+            assert not re.search(r"\bvector\s*\(", expr), f"{p['title']}: vector() fills missing data in"
+            assert not re.search(r"\bor\s+on\s*\(", expr), f"{p['title']}: `or on()` fills missing data in"
+            assert not re.search(r"\bor\s+[\d.]", expr), f"{p['title']}: `or <number>` fills missing data in"
+            if re.search(r"\bor\b", expr):
+                assert any(new in expr and old in expr for new, old in RENAMED), \
+                    f"{p['title']}: `or` is allowed only to join a renamed vLLM metric: {expr}"
+            used |= dq.variables_used(expr)
+    for v in variables.values():
+        if v["type"] == "query":
+            used |= dq.variables_used(v["definition"])
+    undefined = used - set(variables) - GRAFANA_BUILTINS
+    assert not undefined, f"undefined variables {undefined}"
+    unused = set(variables) - used - {"datasource"}
+    assert not unused, f"variables no query uses: {unused}"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_dashboard_shows_every_required_metric(name):
+    text = " ".join(q.expr for q in dq.panel_queries(dq.load(name)))
+    missing = [m for m in REQUIRED_METRICS[name] if not re.search(re.escape(m) + r"(?![\w:])", text)]
+    assert not missing, f"{name} does not chart {missing}"
+
+
+# ------------------------------------------------------- a real Prometheus on the NPU fixture
+def strip_timestamps(page: str) -> str:
+    """Drop the sample timestamps of the recorded page (they are from long ago: Prometheus would
+    store the samples at that time, outside any query window)."""
+    out = []
+    for line in page.splitlines():
+        if line.startswith("#") or not line.strip():
+            out.append(line)
+            continue
+        head, sep, rest = line.rpartition("}")
+        if not sep:
+            head, _, rest = line.partition(" ")
+        out.append(f"{head}{sep} {rest.split()[0]}")
+    return "\n".join(out) + "\n"
+
+
+def mark_unhealthy(page: str, chip: str) -> str:
+    """The same page with one chip's health status set to 0 (what a faulty 910B reports)."""
+    return re.sub(rf'^(npu_chip_info_health_status\{{id="{chip}",[^}}]*\}}) 1$', r"\1 0", page, flags=re.M)
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    pages: dict[str, bytes] = {}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = self.pages.get(self.path)
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def npu_prometheus(shared_dir):
+    assert shutil.which("prometheus"), "prometheus missing: install Debian's `prometheus` package"
+    page = strip_timestamps((shared_dir / "fixtures" / "npu-exporter-metrics.txt").read_text(encoding="utf-8"))
+    faulty = mark_unhealthy(page, "3")
+    assert faulty != page
+    handler = type("Exporter", (_Exporter,), {"pages": {"/metrics": page.encode(), "/faulty/metrics": faulty.encode()}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    addr = f"127.0.0.1:{server.server_address[1]}"
+    cfg = local_prometheus.render_config(
+        _yaml(PROM_DIR / "prometheus.yml"),
+        {"npu-exporter": [addr], "npu-exporter-faulty": [addr]},
+        extra_jobs=[{"job_name": "npu-exporter-faulty", "metrics_path": "/faulty/metrics"}],
+        external_labels={"runbook_base_url": TEST_BASE_URL})
+    prom = local_prometheus.LocalPrometheus(cfg)
+    try:
+        prom.start()
+        _wait(lambda: prom.targets_up() == {"npu-exporter": True, "npu-exporter-faulty": True}, 30,
+              "both npu-exporter targets up")
+        _wait(lambda: _values(prom, "count(npu_chip_info_health_status)") == [16.0], 30, "16 chips scraped")
+        yield prom
+    finally:
+        prom.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def _values(prom, expr: str) -> list[float]:
+    body = prom.query(expr)
+    assert body["status"] == "success", f"{expr}: {body}"
+    data = body["data"]
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    return [float(s["value"][1]) for s in data["result"]]
+
+
+def test_every_dashboard_query_parses_in_prometheus(npu_prometheus):
+    # Prometheus has no offline PromQL parser CLI: its query API is the parser.
+    values = {"instance": ".*", "model": ".*", "npu": ".*", "ttft_slo": "2", "itl_slo": "0.25",
+              "__rate_interval": "1m"}
+    checked = 0
+    for name in DASHBOARD_FILES:
+        d = dq.load(name)
+        exprs = [q.expr for q in dq.panel_queries(d)]
+        exprs += [dq.label_values_selector(v["definition"]) for v in d["templating"]["list"] if v["type"] == "query"]
+        for expr in exprs:
+            body = npu_prometheus.query(dq.substitute(expr, values))
+            assert body["status"] == "success", f"{name}: {expr}\n{body.get('error')}"
+            checked += 1
+    assert checked > 60
+
+
+def test_npu_dashboard_panels_have_data(npu_prometheus):
+    values = {"instance": ".*", "npu": ".*"}
+    empty = []
+    queries = dq.panel_queries(dq.load("palmyra-npu.json"))
+    for q in queries:
+        if not _values(npu_prometheus, dq.substitute(q.expr, values)):
+            empty.append(q.key)
+    assert not empty, f"NPU panels without data on npu-exporter's page: {empty}"
+    assert len(queries) >= 9
+
+
+def test_npu_variable_queries_find_the_chips(npu_prometheus):
+    d = dq.load("palmyra-npu.json")
+    npu_var = next(v for v in d["templating"]["list"] if v["name"] == "npu")
+    selector = dq.substitute(dq.label_values_selector(npu_var["definition"]), {"instance": ".*"})
+    ids = {s["metric"]["id"] for s in npu_prometheus.query(selector)["data"]["result"]}
+    assert ids == {str(i) for i in range(8)}
+
+
+def test_alert_rules_load_and_evaluate_ok(npu_prometheus):
+    def rules():
+        groups = npu_prometheus.api("rules")["data"]["groups"]
+        flat = [r for g in groups for r in g["rules"]]
+        return flat if flat and all(r["health"] == "ok" for r in flat) else None
+    flat = _wait(rules, 30, "every rule evaluated with health ok")
+    assert {r["name"] for r in flat if r["type"] == "alerting"} == EXPECTED_ALERTS
+    assert len(flat) == sum(len(g["rules"]) for g in _yaml(RULES)["groups"])
+
+
+def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
+    def pending():
+        alerts = npu_prometheus.api("alerts")["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == "PalmyraNPUUnhealthy"]
+    alerts = _wait(pending, 30, "PalmyraNPUUnhealthy to become active")
+    # only the chip marked unhealthy, not the 15 healthy ones; `for: 2m` holds it in pending
+    assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == \
+        [("npu-exporter-faulty", "3", "pending")]
+    assert alerts[0]["annotations"]["runbook_url"] == TEST_BASE_URL + "#palmyranpuunhealthy"
