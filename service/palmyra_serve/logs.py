@@ -27,6 +27,12 @@ class JsonFormatter(logging.Formatter):
 
 def configure(level: str = "info") -> None:
     """Route every logger (ours, uvicorn's, aiohttp's) through one JSON handler on stdout."""
+    # One access line per request is on the hot path: skip the caller lookup (a stack walk) and
+    # the thread/process bookkeeping that no field here uses.
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

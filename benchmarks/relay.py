@@ -1,0 +1,292 @@
+"""Relay benchmark: what the sidecar costs, measured side by side in one run.
+
+Workload A: a fast fake engine that streams 64 SSE chunks per request at once, called directly,
+through nginx (the reference for what a proxy can do) and through the sidecar (auth, admission and
+metrics all on), at 1, 32 and 256 concurrent streams. wrk (native, so the client is not the
+bottleneck) gives requests/s; an asyncio client gives TTFT percentiles; /proc gives each proxy's
+own CPU time per 1000 relayed requests.
+
+Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through the sidecar, tokens/s
+at 1 and 16 streams (alternating rounds), plus the first request after /ready against the
+steady-state p50 (warmup must have removed the cold start).
+
+    python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
+    python benchmarks/relay.py --workload A    # only the fake-engine relay
+Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
+
+API_KEY = "bench-key"
+BODY = json.dumps({"model": "palmyra-mini", "prompt": "hi", "max_tokens": 64, "stream": True})
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fcgi; uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  upstream engine {{ server 127.0.0.1:{engine_port}; keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+WRK_LUA = """
+wrk.method = "POST"
+wrk.body = '{body}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {key}"
+"""
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / CLK_TCK
+
+
+def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
+    out = subprocess.run(["wrk", "-t", "1" if conns < 2 else "2", "-c", str(conns), "-d", f"{seconds}s",
+                          "--latency", "-s", str(lua), url], capture_output=True, text=True, timeout=seconds + 60)
+    text = out.stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    socket_errors = re.search(r"Socket errors: (.*)", text)
+    return {"rps": rps, "non_2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": socket_errors.group(1) if socket_errors else None,
+            "requests": int(re.search(r"(\d+) requests in", text).group(1))}
+
+
+async def ttft_probe(url: str, conns: int, total: int) -> dict:
+    """Time to the first chunk and chunk counts, from an asyncio client at a fixed concurrency."""
+    ttfts: list[float] = []
+    chunks = 0
+    queue = asyncio.Queue()
+    for _ in range(total):
+        queue.put_nowait(None)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def worker() -> None:
+            nonlocal chunks
+            while not queue.empty():
+                queue.get_nowait()
+                t0 = time.perf_counter()
+                async with session.post(url, data=BODY, headers=headers) as resp:
+                    first = True
+                    async for data in resp.content.iter_any():
+                        if first:
+                            ttfts.append(time.perf_counter() - t0)
+                            first = False
+                        chunks += data.count(b"data: ")
+        await asyncio.gather(*(worker() for _ in range(conns)))
+    ttfts.sort()
+    return {"ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2], "ttft_p99_ms": 1000 * ttfts[int(len(ttfts) * 0.99) - 1],
+            "chunks_per_request": chunks / total}
+
+
+def workload_a(seconds: int, concurrencies: list[int], log_dir: Path) -> dict:
+    engine_port, nginx_port = procs.free_port(), procs.free_port()
+    lua = log_dir / "post.lua"
+    lua.write_text(WRK_LUA.format(body=BODY, key=API_KEY))
+    engine = procs.spawn([sys.executable, str(HERE / "fast_engine.py"), str(engine_port)], log_dir / "fast.log", {})
+    nginx_dir = log_dir / "nginx"
+    nginx_dir.mkdir()
+    (nginx_dir / "nginx.conf").write_text(NGINX_CONF.format(dir=nginx_dir, engine_port=engine_port, port=nginx_port))
+    nginx = procs.spawn(["nginx", "-c", str(nginx_dir / "nginx.conf"), "-g", "daemon off;"], log_dir / "nginx.log", {})
+    results: dict = {"concurrency": concurrencies, "targets": {}}
+    try:
+        procs.wait_for(f"http://127.0.0.1:{engine_port}/health", engine, log_dir / "fast.log", 20)
+        procs.wait_for(f"http://127.0.0.1:{nginx_port}/health", nginx, log_dir / "nginx.log", 20)
+        env = {"PALMYRA_API_KEYS": API_KEY, "PALMYRA_MAX_IN_FLIGHT": "256", "PALMYRA_MAX_QUEUE": "256",
+               "PALMYRA_LOG_LEVEL": "info", "PALMYRA_CANARY_INTERVAL_S": "3600"}
+        with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
+            import psutil
+
+            nginx_pids = [nginx.pid] + [c.pid for c in psutil.Process(nginx.pid).children(recursive=True)]
+            sidecar_pids = [sidecar.proc.pid] + [c.pid for c in psutil.Process(sidecar.proc.pid).children(True)]
+            targets = {
+                "direct": (f"http://127.0.0.1:{engine_port}/v1/completions", [engine.pid]),
+                "nginx": (f"http://127.0.0.1:{nginx_port}/v1/completions", nginx_pids),
+                "sidecar": (f"{sidecar.url}/v1/completions", sidecar_pids),
+            }
+            for name in targets:
+                results["targets"][name] = {}
+            for conns in concurrencies:
+                # Interleave targets per concurrency so drift on this noisy machine hits all alike.
+                for name, (url, pids) in targets.items():
+                    cpu0 = cpu_seconds(pids)
+                    wrk = run_wrk(url, conns, seconds, lua)
+                    cpu = cpu_seconds(pids) - cpu0
+                    probe = asyncio.run(ttft_probe(url, conns, max(200, conns * 3)))
+                    row = {**wrk, **probe, "chunks_per_s": wrk["rps"] * 64,
+                           "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"])}
+                    results["targets"][name][str(conns)] = row
+                    print(f"A c={conns:<3} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
+                          f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
+                          f"  non2xx {row['non_2xx']}", flush=True)
+    finally:
+        procs.stop(nginx, timeout_s=5)
+        procs.stop(engine, timeout_s=5)
+    return results
+
+
+async def stream_tokens(url: str, headers: dict, streams: int, max_tokens: int) -> tuple[int, float, list[float]]:
+    body = {"model": "palmyra-mini", "prompt": [9707] * 16, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+    latencies: list[float] = []
+    tokens = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async def one() -> None:
+            nonlocal tokens
+            t0 = time.perf_counter()
+            async with session.post(url, json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                async for data in resp.content.iter_any():
+                    tokens += data.count(b'"text"')
+            latencies.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(streams)))
+        wall = time.perf_counter() - t0
+    return tokens, wall, latencies
+
+
+def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
+    from palmyra_serve.model import stand_in
+
+    model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
+    results: dict = {"streams": {}, "cold_start": {}}
+    with procs.engine(model, log_dir) as engine:
+        engine_headers = {"Authorization": f"Bearer {engine.api_key}"}
+        with procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key) as sidecar:
+            # First request after /ready: the one a real client would be unlucky enough to send.
+            _, first_wall, _ = asyncio.run(stream_tokens(f"{sidecar.url}/v1/completions", {}, 1, max_tokens))
+            steady = [asyncio.run(stream_tokens(f"{sidecar.url}/v1/completions", {}, 1, max_tokens))[1]
+                      for _ in range(7)]
+            results["cold_start"] = {"first_after_ready_s": first_wall, "steady_p50_s": statistics.median(steady),
+                                     "ratio": first_wall / statistics.median(steady)}
+            print(f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
+                  flush=True)
+            for streams in (1, 16):
+                totals = {"direct": [0, 0.0], "sidecar": [0, 0.0]}
+                for _ in range(rounds):
+                    for name, url, headers in (("direct", f"{engine.url}/v1/completions", engine_headers),
+                                               ("sidecar", f"{sidecar.url}/v1/completions", {})):
+                        tokens, wall, _ = asyncio.run(stream_tokens(url, headers, streams, max_tokens))
+                        totals[name][0] += tokens
+                        totals[name][1] += wall
+                row = {name: t / w for name, (t, w) in totals.items()}
+                row["ratio"] = row["sidecar"] / row["direct"]
+                results["streams"][str(streams)] = row
+                print(f"B {streams:>2} streams: direct {row['direct']:.1f} tok/s, sidecar {row['sidecar']:.1f} tok/s "
+                      f"({100 * row['ratio']:.1f}%)", flush=True)
+    return results
+
+
+def report(a: dict | None, b: dict | None) -> str:
+    lines = ["# Relay benchmark", "", f"Machine: {os.cpu_count()} cores, {platform_line()}; one run, side by side.", ""]
+    if a:
+        t = a["targets"]
+        lines += ["## Workload A: fast fake engine, 64 SSE chunks per request", "",
+                  "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms | proxy CPU s / 1000 req |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in a["concurrency"]:
+            direct = t["direct"][str(c)]["rps"]
+            for name in ("direct", "nginx", "sidecar"):
+                r = t[name][str(c)]
+                cpu = "—" if name == "direct" else f"{r['proxy_cpu_s_per_1000']:.3f}"
+                lines.append(f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
+                             f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |")
+        cs = [c for c in a["concurrency"]]
+        s, n, d = t["sidecar"], t["nginx"], t["direct"]
+        lines += ["", "Targets (issue 3):", ""]
+        for c in (x for x in cs if x >= 32):
+            lines.append(f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)")
+        if 1 in cs:
+            lines.append(f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms "
+                         f"(target ≤ 0.3 ms)")
+        if 32 in cs:
+            lines.append(f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's "
+                         f"(target ≤ 1.5×)")
+        for c in cs:
+            lines.append(f"- CPU per relayed request at {c} streams: "
+                         f"{s[str(c)]['proxy_cpu_s_per_1000'] / n[str(c)]['proxy_cpu_s_per_1000']:.1f}× nginx's "
+                         f"(target ≤ 5×)")
+        lines.append("")
+    if b:
+        lines += ["## Workload B: real vLLM CPU engine, tiny stand-in", "",
+                  "| streams | direct tok/s | through sidecar tok/s | ratio |", "|---|---|---|---|"]
+        for streams, row in b["streams"].items():
+            lines.append(f"| {streams} | {row['direct']:.1f} | {row['sidecar']:.1f} | {100 * row['ratio']:.1f}% |")
+        cold = b["cold_start"]
+        lines += ["", f"First request after /ready: {cold['first_after_ready_s']:.3f} s; steady-state p50 "
+                      f"{cold['steady_p50_s']:.3f} s; ratio {cold['ratio']:.2f} (target ≤ 1.2).", ""]
+    return "\n".join(lines)
+
+
+def platform_line() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    return model
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["A", "B", "all"], default="all")
+    parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
+    parser.add_argument("--concurrency", default="1,32,256")
+    parser.add_argument("--rounds", type=int, default=3, help="workload B: alternating rounds per point")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    for tool in ("wrk", "nginx"):
+        if args.workload != "B" and not shutil.which(tool):
+            sys.exit(f"{tool} not found: apt-get install wrk nginx-light")
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = Path(tmp)
+        a = workload_a(args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir) \
+            if args.workload in ("A", "all") else None
+        b = workload_b(args.rounds, args.max_tokens, log_dir) if args.workload in ("B", "all") else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "relay.json").write_text(json.dumps({"A": a, "B": b}, indent=2))
+    md = report(a, b)
+    (args.out / "relay.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
