@@ -1,0 +1,287 @@
+"""The documentation cannot drift from the code.
+
+- docs/configuration.md and docs/metrics.md hold blocks generated from the code
+  (scripts/gen_docs.py): the committed text must equal what the generator writes now.
+- The hand-maintained engine-metrics table names exactly the `vllm:` metrics that the dashboards
+  and alert rules use.
+- Every PALMYRA_ variable mentioned in the docs, Compose, Dockerfile or manifests is a real setting
+  (or an explicitly allowed non-setting variable, whose reader is checked to exist).
+- Every relative link in README.md and docs/*.md resolves to a file, and an #anchor to a heading.
+README commands are checked in test_docs_readme.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+GEN = REPO / "scripts" / "gen_docs.py"
+
+
+def load_gen_docs():
+    spec = importlib.util.spec_from_file_location("gen_docs", GEN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def markdown_files() -> list[Path]:
+    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+    return [f for f in files if f.is_file()]
+
+
+# --- generated references ---------------------------------------------------------------------
+
+def test_generated_docs_are_current():
+    out = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"docs are stale; run `python scripts/gen_docs.py`\n{out.stdout}{out.stderr}"
+
+
+def test_check_fails_on_a_stale_doc_and_keeps_hand_written_prose(tmp_path):
+    gen = load_gen_docs()
+    doc = tmp_path / "configuration.md"
+    original = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    # A stale row inside the generated block, and hand-written prose outside it.
+    stale = original.replace("| `PALMYRA_MAX_MODEL_LEN` | int | `8192` |", "| `PALMYRA_MAX_MODEL_LEN` | int | `4096` |")
+    assert stale != original
+    doc.write_text(stale + "\nHand-written epilogue.\n", encoding="utf-8")
+    blocks = {doc: gen.GENERATORS[gen.CONFIG_DOC]}
+    assert gen.main(["--check"], generators=blocks) == 1
+    assert gen.main([], generators=blocks) == 0
+    assert doc.read_text(encoding="utf-8") == original + "\nHand-written epilogue.\n"
+    assert gen.main(["--check"], generators=blocks) == 0
+
+
+def test_every_setting_and_subcommand_is_in_the_configuration_reference():
+    from palmyra_serve.cli import build_parser
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    for name in Settings.model_fields:
+        assert f"| `PALMYRA_{name.upper()}` |" in text, name
+    gen = load_gen_docs()
+    for command, sub in gen.subcommands(build_parser()):
+        assert f"### `palmyra-serve {command}`" in text, command
+        for action in gen.options(sub):
+            for flag in action.option_strings:
+                assert f"`{flag}" in text, (command, flag)
+
+
+def exposed_sample_names() -> set[str]:
+    metrics = SidecarMetrics()
+    return {s.name for fam in metrics.registry.collect() for s in fam.samples
+            if not s.name.endswith(("_bucket", "_sum", "_count"))}
+
+
+def test_every_sidecar_metric_is_in_the_metrics_reference():
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(palmyra_\w+)` \|", text, re.M))
+    names = exposed_sample_names()
+    assert names <= documented
+    # The contract's names (counters end in _total, as exposed).
+    assert {"palmyra_requests_total", "palmyra_rejections_total", "palmyra_ready"} <= documented
+
+
+# --- engine metrics: dashboards and rules vs docs/metrics.md -----------------------------------
+
+VLLM_NAME = re.compile(r"vllm:[A-Za-z0-9_:]+")
+SERIES_SUFFIX = re.compile(r"_(bucket|sum|count)$")
+
+
+def strings_in(obj: object):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from strings_in(key)
+            yield from strings_in(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from strings_in(value)
+
+
+def vllm_names(objects) -> set[str]:
+    return {SERIES_SUFFIX.sub("", name) for obj in objects for s in strings_in(obj) for name in VLLM_NAME.findall(s)}
+
+
+def monitoring_vllm_names() -> set[str]:
+    dashboards = [json.loads(p.read_text(encoding="utf-8"))
+                  for p in sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))]
+    rules = [yaml.safe_load(p.read_text(encoding="utf-8"))
+             for p in sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))]
+    assert dashboards and rules
+    return vllm_names(dashboards + rules)
+
+
+def documented_vllm_names() -> set[str]:
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^\| `(vllm:[A-Za-z0-9_:]+)` \|", text, re.M))
+
+
+def test_engine_metrics_table_matches_dashboards_and_rules():
+    used, documented = monitoring_vllm_names(), documented_vllm_names()
+    assert used - documented == set(), "used by dashboards/rules but missing from docs/metrics.md"
+    assert documented - used == set(), "listed in docs/metrics.md but used by no dashboard or rule"
+
+
+def test_engine_metric_name_extraction_sees_histogram_series():
+    # The drift test above compares base names: a histogram used through its _bucket series counts.
+    assert vllm_names([{"expr": "histogram_quantile(0.9, rate(vllm:e2e_request_latency_seconds_bucket[5m]))"}]) \
+        == {"vllm:e2e_request_latency_seconds"}
+    assert "vllm:num_requests_waiting" in monitoring_vllm_names()
+
+
+# --- PALMYRA_ variables -----------------------------------------------------------------------
+
+# Non-setting variables: name -> (the file that reads it, why it is not a setting).
+ALLOWED_NON_SETTINGS = {
+    "PALMYRA_BIND": ("docker-compose.yml", "Compose interpolation: host address of the published port"),
+    "PALMYRA_NPU_INDEX": ("docker-compose.yml", "Compose interpolation: which /dev/davinciN to pass through"),
+    "PALMYRA_ENGINE_ASCEND_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
+    "PALMYRA_ENGINE_CPU_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
+    "PALMYRA_SIDECAR_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
+    "PALMYRA_NPU_EXPORTER_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
+    "PALMYRA_CANN_ENV": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
+    "PALMYRA_ASCEND_ROOT": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
+    "PALMYRA_PRELOAD_JEMALLOC": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
+    "PALMYRA_VENV": ("bootstrap.sh", "install script, runs before the package exists"),
+    "PALMYRA_EXTRAS": ("bootstrap.sh", "install script, runs before the package exists"),
+    "PALMYRA_TORCH_INDEX": ("bootstrap.sh", "install script, runs before the package exists"),
+    "PALMYRA_CA_BUNDLE": ("scripts/podman/build-image.sh", "image build script"),
+    "PALMYRA_WHEELS_DIR": ("scripts/podman/build-image.sh", "image build script"),
+    "PALMYRA_PYTHON_BASE": ("scripts/podman/build-image.sh", "image build script"),
+    "PALMYRA_TORCH_CPU_INDEX_URL": ("scripts/podman/build-image.sh", "image build script"),
+    "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
+    "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
+    "PALMYRA_TEST_CACHE": ("tests/engine/conftest.py", "test cache directory"),
+    "PALMYRA_TEST_ENGINE_PORT": ("compose/podman-test.override.yml", "test-only Compose override"),
+    "PALMYRA_TEST_SIDECAR_PORT": ("compose/podman-test.override.yml", "test-only Compose override"),
+    "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
+}
+PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def files_mentioning_variables() -> list[Path]:
+    files = markdown_files() + [REPO / "docker-compose.yml", REPO / "Dockerfile"]
+    files += sorted((REPO / "k8s").rglob("*.yaml")) + sorted((REPO / "compose").glob("*.env"))
+    files += sorted((REPO / "compose").glob("*.yml"))
+    return [f for f in files if f.is_file()]
+
+
+def test_every_palmyra_variable_mentioned_is_a_setting_or_allowed():
+    settings = {f"PALMYRA_{name.upper()}" for name in Settings.model_fields}
+    unknown = {}
+    for path in files_mentioning_variables():
+        for name in set(PALMYRA_VAR.findall(path.read_text(encoding="utf-8"))):
+            if name not in settings and name not in ALLOWED_NON_SETTINGS:
+                unknown.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert unknown == {}, "not a Settings field (typo, or a removed setting still documented)"
+
+
+def test_the_variable_check_would_catch_a_typo():
+    settings = {f"PALMYRA_{name.upper()}" for name in Settings.model_fields}
+    found = PALMYRA_VAR.findall("set `PALMYRA_MAX_MODEL_LENGTH=4096` and PALMYRA_DTYPE")
+    assert found == ["PALMYRA_MAX_MODEL_LENGTH", "PALMYRA_DTYPE"]
+    assert "PALMYRA_MAX_MODEL_LENGTH" not in settings | set(ALLOWED_NON_SETTINGS)
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED_NON_SETTINGS))
+def test_allowed_non_setting_is_really_read_where_claimed_and_documented(name):
+    reader, _reason = ALLOWED_NON_SETTINGS[name]
+    assert name not in {f"PALMYRA_{f.upper()}" for f in Settings.model_fields}, "it is a setting now: drop it here"
+    assert name in (REPO / reader).read_text(encoding="utf-8"), f"{reader} no longer reads {name}"
+    documented = (DOCS / "configuration.md").read_text(encoding="utf-8") + \
+        (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert f"`{name}`" in documented, "explain it in docs/configuration.md (or CONTRIBUTING.md for test knobs)"
+
+
+# --- links ------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REF_DEF = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", re.M)
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
+
+
+def strip_code(text: str) -> str:
+    return INLINE_CODE.sub("", FENCE.sub("", text))
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's heading anchor: the rendered text, lower-cased, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images keep their text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path, text: str | None = None) -> set[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8") if text is None else text)
+    seen: dict[str, int] = {}
+    out = set(HTML_ANCHOR.findall(text))
+    for _, heading in HEADING.findall(text):
+        slug = github_slug(heading)
+        count = seen.get(slug, 0)
+        out.add(slug if count == 0 else f"{slug}-{count}")
+        seen[slug] = count + 1
+    return out
+
+
+def broken_links(path: Path, original: str | None = None) -> list[str]:
+    original = path.read_text(encoding="utf-8") if original is None else original
+    text = strip_code(original)
+    broken = []
+    for target in LINK.findall(text) + REF_DEF.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto: ...
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not file_part:
+            if anchor not in anchors(path, original):
+                broken.append(f"{target}: no heading with anchor #{anchor} in {path.relative_to(REPO)}")
+        elif REPO not in dest.parents and dest != REPO:
+            broken.append(f"{target}: outside the repository")
+        elif not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(REPO)}")
+    return broken
+
+
+@pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(doc):
+    assert broken_links(doc) == []
+
+
+def test_github_slugs():
+    assert github_slug("Output is only `!!!!` in float16") == "output-is-only--in-float16"
+    assert github_slug("`npu-smi` fails with -8005") == "npu-smi-fails-with--8005"
+    assert github_slug("PalmyraKVCacheNearFull") == "palmyrakvcachenearfull"
+    assert github_slug("Health, probes and shutdown") == "health-probes-and-shutdown"
+    assert github_slug("What [links](x.md) do") == "what-links-do"
+
+
+def test_link_check_catches_a_missing_file_and_a_missing_anchor():
+    probe = DOCS / "link-check-probe.md"  # never written: its text is passed in
+    text = ("[a](configuration.md#settings) [b](nope.md) [c](metrics.md#no-such-heading) "
+            "[d](https://example.com/x) `[e](ignored.md)` [f](#local) [g](#elsewhere) [h](../../outside.md)\n"
+            "# Local\n")
+    assert broken_links(probe, text) == [
+        "nope.md: no such file",
+        "metrics.md#no-such-heading: no heading with anchor #no-such-heading in docs/metrics.md",
+        "#elsewhere: no heading with anchor #elsewhere in docs/link-check-probe.md",
+        "../../outside.md: outside the repository",
+    ]
