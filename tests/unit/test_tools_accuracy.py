@@ -106,3 +106,27 @@ def test_summary_rates_and_flag() -> None:
     assert s["suspicious"] is False
     bad = accuracy.compare("c", "t", 1, FakeRef([1], {0: {1: 5.0}}), _out([2]))
     assert accuracy.summary([good, bad])["suspicious"] is True
+
+
+def test_logit_noise_cancels_normalisers_and_stops_at_the_divergence() -> None:
+    # Endpoint logprobs = reference logits - 5 (a different normaliser) + 0.02/-0.02 of noise, std 2.
+    ref = FakeRef([1, 2, 3], logits={0: {1: 1.0, 8: 0.5}, 1: {2: 1.0, 8: 0.2}, 2: {3: 1.0, 9: 0.9}}, std=2.0)
+    tops = [{1: 1.0 - 5 + 0.02, 8: 0.5 - 5 - 0.02}, {2: 1.0 - 5, 8: 0.2 - 5}, {9: -1.0, 3: -9.0}]
+    res = accuracy.compare("p", "t", 1, ref, _out([1, 2, 9], tops=tops))
+    assert res.first_divergence == 2
+    assert res.noise == pytest.approx([0.01, -0.01, 0.0, 0.0])  # (+-0.02) / std 2; position 2 left out
+    s = accuracy.summary([res])["logit_noise_std"]
+    assert s["n"] == 4
+    assert s["max"] == pytest.approx(0.01)
+    assert s["rms"] == pytest.approx(0.01 / 2**0.5)
+
+
+def test_noise_at_the_threshold_scale_makes_the_run_suspicious() -> None:
+    # Every shared position is off by +-0.15 std: ties are no longer explained by rounding.
+    ref = FakeRef([1, 2], logits={0: {1: 1.0, 8: 0.0}, 1: {2: 1.0, 8: 0.0}})
+    tops = [{1: 1.0 + 0.15, 8: -0.15}, {2: 1.0 + 0.15, 8: -0.15}]
+    res = accuracy.compare("p", "t", 1, ref, _out([1, 2], tops=tops))
+    assert res.verdict == accuracy.MATCH
+    s = accuracy.summary([res], near_tie=0.2)
+    assert s["logit_noise_std"]["too_high"] and s["suspicious"]
+    assert not accuracy.summary([res], near_tie=1.0)["suspicious"]

@@ -29,7 +29,7 @@ class FakePath:
 
 
 class FakeModel:
-    def __init__(self, model_dir, threads=None):
+    def __init__(self, model_dir):
         pass
 
     def encode(self, text: str) -> list[int]:

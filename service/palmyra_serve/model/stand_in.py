@@ -20,7 +20,7 @@ from palmyra_serve.model.tokenizer import FIRST_SPECIAL_ID, SPECIAL_TOKENS, buil
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "palmyra_stand_in.json"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 SHARD_BYTES = 2 * 1024**3
 INIT_STD = 0.02
 
@@ -168,7 +168,11 @@ def build(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob("*.safetensors*"):
         stale.unlink()
-    (out_dir / "config.json").write_text(json.dumps(hf_config(shape), indent=2), encoding="utf-8")
+    from importlib.metadata import version
+
+    # transformers_version also tells transformers this is not an old Mistral tokenizer to "fix".
+    config = {**hf_config(shape), "transformers_version": version("transformers")}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     gen_cfg = {"bos_token_id": FIRST_SPECIAL_ID, "eos_token_id": [FIRST_SPECIAL_ID + 2, FIRST_SPECIAL_ID],
                "pad_token_id": FIRST_SPECIAL_ID, "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2), encoding="utf-8")

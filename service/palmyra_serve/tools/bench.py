@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--throughput-input-length", type=int, default=128,
                         help="prompt length for the throughput table (default %(default)s)")
     parser.add_argument("--repetitions", type=int, default=3, help="samples per point (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=2, help="requests sent first and not measured (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="requests sent first and not measured (default %(default)s)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="when /v1/models does not report max_model_len (default: ask, else 8192)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token-id prompts")
@@ -113,6 +114,17 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def make_client(args: argparse.Namespace, max_concurrency: int):
+    """The AsyncClient of a run: one connection per stream (tests swap this for a MockTransport)."""
+    import httpx
+
+    from palmyra_serve.tools.endpoint import headers
+
+    limits = httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4)
+    return httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key),
+                             timeout=args.timeout, limits=limits)
+
+
 async def _bench(args: argparse.Namespace) -> dict:
     import asyncio
 
@@ -120,15 +132,13 @@ async def _bench(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
     from palmyra_serve.tools import stats
-    from palmyra_serve.tools.endpoint import check_response, headers, parse_models
+    from palmyra_serve.tools.endpoint import check_response, parse_models
     from palmyra_serve.tools.loadgen import prefill_once, stream_once
     from palmyra_serve.tools.prompts import RandomPrompts
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     conc = sorted(set(args.concurrency))
-    limits = httpx.Limits(max_connections=max(conc) + 4, max_keepalive_connections=max(conc) + 4)
-    async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key),
-                                 timeout=args.timeout, limits=limits) as client:
+    async with make_client(args, max(conc)) as client:
         r = await client.get("/v1/models")
         info = parse_models(check_response(r.status_code, r.text), args.model)
         max_len = info.max_model_len or args.max_model_len or 8192

@@ -29,8 +29,7 @@ def latency_vs_length(doc: dict, path: Path) -> Path:
     ax.set_title(f"Latency vs input length: {doc['meta']['model']} @ {doc['meta']['base_url']}")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -57,9 +56,9 @@ def throughput_vs_concurrency(doc: dict, path: Path) -> Path:
     ax2.set_ylim(0, 110)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper left")
+    # Below the axes: inside, it hides the first points of either curve.
+    ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize="small")
     ax.set_title("Throughput and scaling efficiency vs concurrency")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path

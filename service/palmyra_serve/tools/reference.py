@@ -13,12 +13,10 @@ from pathlib import Path
 class Model:
     """Tokenizer + fp32 model of one checkpoint directory, loaded once for all prompts."""
 
-    def __init__(self, model_dir: str | Path, threads: int | None = None):
+    def __init__(self, model_dir: str | Path):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if threads:
-            torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.eval()
@@ -32,7 +30,8 @@ class Model:
         rows = []
         tokens: list[int] = []
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([ids]), use_cache=True)
+            # Only the last position's logits: a long prompt would otherwise hold [len, vocab] floats.
+            out = self.model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
             for step in range(n):
                 logits = out.logits[0, -1].float()
                 tok = int(torch.argmax(logits))

@@ -63,12 +63,24 @@ def validate_markdown(doc: dict) -> str:
         ["First-token agreement", f"{round(s['first_token_agreement'] * s['prompts'])}/{s['prompts']} "
                                   f"({s['first_token_agreement']:.0%})"],
         [f"Mean {n}-token match rate", f"{s['mean_match_rate']:.1%}"],
+        ["Logit noise along shared prefixes (σ units)", _noise(s.get("logit_noise_std") or {},
+                                                                doc["near_tie_threshold_std"])],
         ["Verdicts", f"{v['match']} match, {v['near-tie divergence']} near-tie divergence, "
                      f"{v['suspicious']} suspicious"],
     ])
+    if (s.get("logit_noise_std") or {}).get("too_high"):
+        lines += ["", "**Endpoint logprobs are noisier than rounding explains** (rms above half the near-tie "
+                      "threshold): the near-tie verdicts above cannot be trusted."]
     lines += ["", "**Result: SUSPICIOUS**, see the prompts marked above." if s["suspicious"]
               else "**Result: OK**, no suspicious divergence.", ""]
     return "\n".join(lines)
+
+
+def _noise(nz: dict, threshold: float) -> str:
+    if not nz.get("n"):
+        return "— (no top logprobs from the endpoint)"
+    return (f"rms {nz['rms']:.4f}, max {nz['max']:.4f} over {nz['n']} top-k logprobs "
+            f"(near-tie threshold {threshold:g})")
 
 
 # ---------------------------------------------------------------- bench

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same checkpoint, for the fp32 Transformers reference (not needed with --quick)")
     parser.add_argument("--tokens", type=int, default=20, help="greedy tokens per prompt (default %(default)s)")
     parser.add_argument("--near-tie", type=float, default=None,
-                        help="near-tie threshold in units of the reference logit std (default 0.1)")
+                        help="near-tie threshold in units of the reference logit std (default 0.2)")
     parser.add_argument("--out", default=None, help="directory for report.md and results.json")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     parser.add_argument("--quick", action="store_true",
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": "palmyra-validate/1",
         "endpoint": args.base_url, "model": args.model, "model_dir": str(args.model_dir),
         "stand_in": stand_in, "tokens": args.tokens, "near_tie_threshold_std": near_tie,
-        "summary": accuracy.summary(results), "prompts": [r.to_dict() for r in results],
+        "summary": accuracy.summary(results, near_tie), "prompts": [r.to_dict() for r in results],
     }
     md = report.validate_markdown(doc)
     print(md)
