@@ -95,7 +95,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure(settings.log_level)
     try:
-        print(resolve(settings, args.dest))
+        print(resolve(settings, args.dest, copy_local=args.dest is not None))
     except ModelUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

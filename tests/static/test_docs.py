@@ -165,8 +165,6 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
     "PALMYRA_TEST_CACHE": ("tests/engine/conftest.py", "test cache directory"),
-    "PALMYRA_TEST_ENGINE_PORT": ("compose/podman-test.override.yml", "test-only Compose override"),
-    "PALMYRA_TEST_SIDECAR_PORT": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
 }
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")

@@ -41,3 +41,11 @@ def test_weights_already_present_are_not_fetched_again(tmp_path, monkeypatch):
     dest = stand_in.build(tmp_path / "m", "tiny")
     monkeypatch.setattr(resolve, "reachable", lambda *_: pytest.fail("must not probe the hub"))
     assert resolve.resolve(Settings(model_dir=dest)) == dest
+
+
+def test_fetch_model_copies_a_local_checkpoint_into_its_destination(tmp_path):
+    from palmyra_serve.cli import main
+
+    src = stand_in.build(tmp_path / "src", "tiny")
+    assert main(["fetch-model", "--model", str(src), "--dest", str(tmp_path / "vol")]) == 0
+    assert resolve.is_checkpoint(tmp_path / "vol") and stand_in.marker(tmp_path / "vol") == stand_in.marker(src)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -60,15 +61,22 @@ def _from_modelscope(repo_id: str, dest: Path) -> Path:
     return dest
 
 
-def resolve(settings: Settings, dest: Path | None = None) -> Path:
-    """Return a directory holding a loadable checkpoint, fetching or building it if needed."""
+def resolve(settings: Settings, dest: Path | None = None, copy_local: bool = False) -> Path:
+    """Return a directory holding a loadable checkpoint, fetching or building it if needed.
+
+    A local checkpoint is used where it is, unless copy_local asks for it to be copied to dest
+    (fetch-model seeding a volume from a folder).
+    """
     dest = Path(dest or settings.model_dir)
     local = Path(settings.model)
     if settings.model_source in ("auto", "local") and local.is_dir():
         if not is_checkpoint(local):
             raise ModelUnavailable(f"{local} is a directory but holds no checkpoint (config.json + weights)")
-        _announce(local)
-        return local
+        if copy_local and local.resolve() != dest.resolve() and not is_checkpoint(dest):
+            log.info("copying %s to %s", local, dest)
+            shutil.copytree(local, dest, dirs_exist_ok=True)
+            return _announce(dest)
+        return _announce(local)
     if is_checkpoint(dest) and settings.model_source != "stand-in":
         log.info("weights already present at %s; not fetching", dest)
         _announce(dest)

@@ -1,0 +1,112 @@
+"""Shared plumbing of the container tier: podman calls, HTTP on 127.0.0.1, readiness waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PODMAN_DIR = REPO / "scripts" / "podman"
+ENGINE_IMAGE = "localhost/palmyra-serve-engine:cpu"
+SIDECAR_IMAGE = "localhost/palmyra-serve-sidecar:latest"
+PROBE = "/opt/palmyra/healthchecks/http_probe.py"
+
+
+@dataclass(frozen=True)
+class BuiltImages:
+    engine: str
+    sidecar: str
+    sizes: dict[str, int]  # image -> bytes
+    build_seconds: dict[str, float]
+
+
+def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"podman {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def image_size(image: str) -> int:
+    return int(podman("image", "inspect", image, "--format", "{{.Size}}").stdout.strip())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"raw": raw.decode(errors="replace")}
+
+
+def container_running(name: str) -> bool:
+    result = podman("inspect", name, "--format", "{{.State.Running}}", check=False)
+    return result.returncode == 0 and result.stdout.strip() == "true"
+
+
+def wait_ready(url: str, containers: list[str], timeout_s: float, exited_ok: tuple[str, ...] = ()) -> dict:
+    """Poll /ready until 200; fail early, with logs, when a container has exited."""
+    deadline = time.monotonic() + timeout_s
+    last: object = "no answer"
+    while time.monotonic() < deadline:
+        for name in containers:
+            if name not in exited_ok and not container_running(name):
+                logs = podman("logs", "--tail", "80", name, check=False)
+                raise AssertionError(f"{name} is not running before ready:\n{logs.stdout}{logs.stderr}")
+        try:
+            last = http("GET", f"{url}/ready", timeout=5)
+            if last[0] == 200:
+                return last[1]
+        except OSError as exc:
+            last = repr(exc)
+        time.sleep(2)
+    tails = {n: podman("logs", "--tail", "60", n, check=False).stderr[-3000:] for n in containers}
+    raise AssertionError(f"{url}/ready not 200 after {timeout_s} s (last {last}); logs: {tails}")
+
+
+def completion(base_url: str, max_tokens: int = 8) -> tuple[int, dict]:
+    return http(
+        "POST",
+        f"{base_url}/v1/completions",
+        {"model": "palmyra-mini", "prompt": "Hello world", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        timeout=120,
+    )
+
+
+def probe_cmd(url: str) -> str:
+    """A --health-cmd for podman run: the shipped probe at another port."""
+    return json.dumps(["python3", PROBE, url, "--timeout", "3"])
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

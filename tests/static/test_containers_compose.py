@@ -1,0 +1,381 @@
+"""docker-compose.yml and compose/*: the real linters, the Compose spec schema, then the file
+parsed with PyYAML and held against DESIGN.md's Ascend facts, the sidecar's HTTP surface, the
+Dockerfile (same command, paths and env names) and the Prometheus scrape targets.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from test_containers import ENGINE_CMD, parse_dockerfile
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yml"
+COMPOSE_DIR = REPO / "compose"
+OVERRIDES = sorted(COMPOSE_DIR.glob("*.yml"))
+BIN = Path(sys.executable).parent
+SIDECAR_PATHS = {"/health", "/health/sidecar", "/ready"}
+ASCEND_DEVICES = ["/dev/davinci${PALMYRA_NPU_INDEX:-0}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_DRIVER = [
+    "/usr/local/dcmi",
+    "/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info",
+]
+PROBE = "/opt/palmyra/healthchecks/http_probe.py"
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """PyYAML plus Compose's merge tags: `!override` keeps its plain value, `!reset` removes the key
+    (what it means after merging; the loaded override then reads as the merged result would)."""
+
+
+_RESET = object()
+
+
+def _plain(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node)
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node)
+    return loader.construct_scalar(node)
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: _RESET)
+_ComposeLoader.add_constructor("!override", _plain)
+
+
+def _drop_resets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_resets(v) for k, v in value.items() if v is not _RESET}
+    if isinstance(value, list):
+        return [_drop_resets(v) for v in value if v is not _RESET]
+    return value
+
+
+def load(path: Path) -> dict[str, Any]:
+    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # noqa: S506 - SafeLoader subclass
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]
+
+
+def tool(name: str) -> str:
+    path = BIN / name
+    assert path.exists(), f"{name} missing from the venv: ./test.sh installs tests/requirements-tools.txt"
+    return str(path)
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def probe_url(service: dict[str, Any]) -> str | None:
+    test = service.get("healthcheck", {}).get("test")
+    if not test or PROBE not in test:
+        return None
+    return test[test.index(PROBE) + 1]
+
+
+def url_path(url: str) -> str:
+    return "/" + url.split("://", 1)[1].split("/", 1)[1]
+
+
+def volume_targets(service: dict[str, Any]) -> dict[str, str]:
+    """target -> 'source[:mode]' for short-syntax volumes."""
+    out = {}
+    for spec in service.get("volumes", []):
+        source, target, *mode = spec.split(":")
+        out[target] = ":".join([source, *mode])
+    return out
+
+
+# --- linters and schema --------------------------------------------------------------------------
+
+
+def test_yamllint_strict() -> None:
+    result = subprocess.run(
+        [tool("yamllint"), "--strict", "-c", str(COMPOSE_DIR / "yamllint.yaml"), str(COMPOSE), str(COMPOSE_DIR)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", [COMPOSE, *OVERRIDES], ids=lambda p: p.name)
+def test_compose_spec_schema(path: Path, tmp_path: Path) -> None:
+    # check-jsonschema's YAML loader does not know Compose's !reset/!override: validate the
+    # loaded document (as JSON, resets applied) so override files are checked too.
+    doc = tmp_path / f"{path.stem}.json"
+    doc.write_text(json.dumps(load(path)))
+    result = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(doc)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"services": {"x": {"image": "a", "restart": "sometimes", "shm_size": []}}}))
+    result = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(bad)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+
+
+# --- the one switch: profiles ---------------------------------------------------------------------
+
+
+def test_profiles_pick_exactly_one_engine(services: dict[str, Any]) -> None:
+    assert services["engine"]["profiles"] == ["ascend"]
+    assert services["engine-cpu"]["profiles"] == ["cpu"]
+    for name in ("engine", "engine-cpu"):
+        assert services[name]["networks"]["default"]["aliases"] == ["engine"]
+    # Services without a profile run in both setups and must not need a profile-bound one.
+    for name, service in services.items():
+        if not service.get("profiles"):
+            for dep in service.get("depends_on", {}):
+                assert not services[dep].get("profiles"), f"{name} depends on profile-bound {dep}"
+
+
+@pytest.mark.parametrize(("env_file", "profile"), [("ascend.env", "ascend"), ("cpu.env", "cpu")])
+def test_env_examples_set_the_switch(env_file: str, profile: str) -> None:
+    lines = (COMPOSE_DIR / env_file).read_text().splitlines()
+    values = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    assert values["COMPOSE_PROFILES"] == profile
+    assert values["PALMYRA_ENGINE_API_KEY"]
+    assert values["PALMYRA_BIND"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(("engine", "init"), [("engine", "model-init"), ("engine-cpu", "model-init-cpu")])
+def test_model_init_fills_the_volume_first(services: dict[str, Any], engine: str, init: str) -> None:
+    assert services[engine]["depends_on"] == {init: {"condition": "service_completed_successfully"}}
+    init_service = services[init]
+    assert init_service["image"] == services[engine]["image"]
+    assert init_service["profiles"] == services[engine]["profiles"]
+    assert init_service["restart"] == "no"
+    command = init_service["command"]
+    assert command[:2] == ["palmyra-serve", "fetch-model"]
+    assert command[command.index("--dest") + 1] == "/models/palmyra-mini"
+    assert volume_targets(init_service)["/models"] == "models"
+
+
+# --- Ascend facts -----------------------------------------------------------------------------------
+
+
+def test_ascend_engine_devices_driver_and_shm(services: dict[str, Any]) -> None:
+    engine = services["engine"]
+    assert engine["image"].endswith("palmyra-serve-engine:ascend}")
+    assert engine["devices"] == ASCEND_DEVICES
+    mounts = volume_targets(engine)
+    for path in ASCEND_DRIVER:
+        assert mounts.get(path) == f"{path}:ro", f"driver path {path} not mounted read-only"
+    size = re.fullmatch(r"(\d+)([kmg])", str(engine["shm_size"]).lower())
+    assert size and int(size.group(1)) * {"k": 1 / 1024 / 1024, "m": 1 / 1024, "g": 1}[size.group(2)] >= 1
+    env = env_of(engine)
+    assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+    # The one device passed in is device 0 inside the container, whatever its host index.
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "0" and env["PALMYRA_NPU_DEVICES"] == "0"
+    assert env["PALMYRA_PLATFORM"] == "ascend"
+
+
+def test_npu_exporter_only_with_ascend(services: dict[str, Any]) -> None:
+    exporter = services["npu-exporter"]
+    assert exporter["profiles"] == ["ascend"]
+    assert exporter["devices"] == ASCEND_DEVICES
+    assert any(arg == "-port=8082" for arg in exporter["command"])
+
+
+def test_cpu_engine(services: dict[str, Any]) -> None:
+    engine = services["engine-cpu"]
+    assert engine["image"].endswith("palmyra-serve-engine:cpu}")
+    assert env_of(engine)["PALMYRA_PLATFORM"] == "cpu"
+    assert "devices" not in engine
+
+
+# --- what the sidecar serves, what the images run -------------------------------------------------------
+
+
+def test_only_the_sidecar_publishes_a_port(services: dict[str, Any]) -> None:
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
+    assert list(published) == ["sidecar"]
+    (port,) = published["sidecar"]
+    assert port == "${PALMYRA_BIND:-127.0.0.1}:${PALMYRA_PORT:-8080}:8080"
+
+
+def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -> None:
+    urls = {name: probe_url(s) for name, s in services.items() if probe_url(s)}
+    assert set(urls) == {"engine", "engine-cpu", "sidecar"}
+    for name, url in urls.items():
+        assert re.match(r"http://(sidecar|127\.0\.0\.1):8080/", url), f"{name} probes {url}"
+        assert url_path(url) in SIDECAR_PATHS
+    # Engine liveness = the sidecar's judgement of the engine; sidecar liveness = itself only.
+    assert url_path(urls["engine"]) == url_path(urls["engine-cpu"]) == "/health"
+    assert urls["sidecar"] == "http://127.0.0.1:8080/health/sidecar"
+
+
+def test_engine_probe_outlasts_a_sidecar_restart(services: dict[str, Any]) -> None:
+    def seconds(text: str) -> float:
+        return sum(float(n) * {"s": 1, "m": 60, "h": 3600}[u] for n, u in re.findall(r"(\d+)([smh])", text))
+
+    for name in ("engine", "engine-cpu"):
+        check = services[name]["healthcheck"]
+        assert seconds(check["interval"]) * check["retries"] >= 120, name
+        assert seconds(check["start_period"]) >= 600, name
+
+
+def test_restart_policies_and_drain_order(services: dict[str, Any]) -> None:
+    for name in ("engine", "engine-cpu", "sidecar", "prometheus", "grafana"):
+        assert services[name]["restart"] == "unless-stopped", name
+    drain = float(env_of(services["sidecar"])["PALMYRA_DRAIN_TIMEOUT_S"].split(":-")[-1].rstrip("}"))
+    sidecar_grace = int(services["sidecar"]["stop_grace_period"].rstrip("s"))
+    assert sidecar_grace > drain
+    for name in ("engine", "engine-cpu"):
+        assert int(services[name]["stop_grace_period"].rstrip("s")) > sidecar_grace, name
+
+
+def test_engine_commands_match_the_image(services: dict[str, Any]) -> None:
+    df = parse_dockerfile((REPO / "Dockerfile").read_text())
+    assert df.stages["engine-cpu"].last("CMD").exec_form() == ENGINE_CMD
+    for name in ("engine", "engine-cpu"):
+        assert services[name]["command"] == ENGINE_CMD
+
+
+def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    df = parse_dockerfile((REPO / "Dockerfile").read_text())
+    assert {"models", "cache"} <= set(compose["volumes"])
+    for name, target in (("engine", "engine-ascend"), ("engine-cpu", "engine-cpu")):
+        image_env = df.stages[target].env()
+        env = env_of(services[name])
+        for key in ("PALMYRA_MODEL_DIR", "VLLM_CACHE_ROOT", "HF_HOME", "PALMYRA_PLATFORM"):
+            assert env[key] == image_env[key], f"{name}: {key}"
+        mounts = volume_targets(services[name])
+        assert mounts["/models"] == "models" and mounts["/cache"] == "cache"
+        assert env["PALMYRA_MODEL_DIR"].startswith("/models/")
+        # The engine serves only what model-init fetched into the volume.
+        assert env["PALMYRA_MODEL"] == env["PALMYRA_MODEL_DIR"] and env["PALMYRA_MODEL_SOURCE"] == "local"
+        assert env["VLLM_CACHE_ROOT"].startswith("/cache/") and env["HF_HOME"].startswith("/cache/")
+
+
+def test_engine_api_key_is_shared(services: dict[str, Any]) -> None:
+    for name in ("engine", "engine-cpu", "sidecar"):
+        assert env_of(services[name])["PALMYRA_ENGINE_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}", name
+    assert env_of(services["sidecar"])["PALMYRA_ENGINE_URL"] == "http://engine:8000"
+
+
+def test_palmyra_env_names_are_settings() -> None:
+    # Every PALMYRA_* variable Compose sets is a field of the one Settings class (no typos that
+    # would be silently ignored), except the Compose-only interpolation knobs.
+    from palmyra_serve.settings import Settings
+
+    known = {f"PALMYRA_{name.upper()}" for name in Settings.model_fields}
+    for path in (COMPOSE, *OVERRIDES):
+        for name, service in (load(path).get("services") or {}).items():
+            for key in env_of(service):
+                if key.startswith("PALMYRA_"):
+                    assert key in known, f"{path.name}: {name} sets unknown {key}"
+
+
+def test_third_party_images_pinned(services: dict[str, Any]) -> None:
+    for name in ("prometheus", "grafana", "npu-exporter"):
+        image = services[name]["image"].split(":-")[-1].rstrip("}")
+        tag = image.rsplit(":", 1)[-1]
+        assert ":" in image and tag != "latest" and re.search(r"\d", tag), f"{name}: {image}"
+
+
+# --- monitoring wiring ----------------------------------------------------------------------------------
+
+
+def test_monitoring_mounts_exist_and_are_read_only(services: dict[str, Any]) -> None:
+    prom = volume_targets(services["prometheus"])
+    assert prom["/etc/prometheus"] == "./monitoring/prometheus:ro"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    grafana = volume_targets(services["grafana"])
+    assert grafana["/etc/grafana/provisioning"] == "./monitoring/grafana/provisioning:ro"
+    assert grafana["/var/lib/grafana/dashboards"] == "./monitoring/grafana/dashboards:ro"
+    assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
+    for mounts in (prom, grafana):
+        for spec in mounts.values():
+            if spec.startswith("./"):
+                assert (REPO / spec.split(":")[0]).is_dir(), spec
+
+
+def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> None:
+    config = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text())
+    names: dict[str, set[str]] = {}
+    for name, service in services.items():
+        aliases = (service.get("networks") or {}).get("default", {}).get("aliases", [])
+        for host in (name, *aliases):
+            names.setdefault(host, set()).add(name)
+    ports = {"sidecar": 8080, "engine": 8000, "engine-cpu": 8000, "npu-exporter": 8082}
+    targets = [t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
+    assert targets
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        assert host in names, f"{target}: no service or alias {host}"
+        assert all(ports[s] == int(port) for s in names[host]), target
+    # Grafana's datasource reaches the prometheus service.
+    datasource = yaml.safe_load((REPO / "monitoring/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+# --- the test-only podman override ------------------------------------------------------------------
+
+
+def test_podman_override_is_host_network_local_images_loopback_only() -> None:
+    override = load(COMPOSE_DIR / "podman-test.override.yml")["services"]
+    assert set(override) == {"model-init-cpu", "engine-cpu", "sidecar"}
+    for name, service in override.items():
+        assert service["network_mode"] == "host", name
+        assert service["image"].startswith("localhost/palmyra-serve-"), name
+        assert "networks" not in service, name
+        assert not service.get("ports"), name
+    engine_cmd = override["engine-cpu"]["command"]
+    assert engine_cmd[engine_cmd.index("--host") + 1] == "127.0.0.1"
+    sidecar_cmd = override["sidecar"]["command"]
+    assert sidecar_cmd[sidecar_cmd.index("--host") + 1] == "127.0.0.1"
+    for name in ("engine-cpu", "sidecar"):
+        assert probe_url(override[name]).startswith("http://127.0.0.1:")
+        assert url_path(probe_url(override[name]).replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
+
+
+def test_override_lists_that_must_replace_say_so() -> None:
+    # podman-compose merges lists by appending (even healthcheck.test, unlike the Compose spec):
+    # an override's probe command must carry !override or it runs both probes' words as one.
+    for path in OVERRIDES:
+        root = yaml.compose(path.read_text(), Loader=_ComposeLoader)
+        services = next((v for k, v in root.value if k.value == "services"), None)
+        for _name, service in services.value if services else []:
+            for key, value in service.value:
+                if key.value != "healthcheck":
+                    continue
+                test = next(v for k, v in value.value if k.value == "test")
+                assert test.tag == "!override", f"{path.name}: healthcheck.test without !override"
+                # ...and podman-compose leaves ${...} inside !override values uninterpolated.
+                assert not any("${" in item.value for item in test.value), f"{path.name}: variable in !override"
