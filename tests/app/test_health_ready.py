@@ -8,17 +8,7 @@ import httpx
 
 from helpers.procs import fake_engine
 from helpers import procs
-
-
-def wait_until(predicate, timeout_s: float, what: str, step: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"{what} not reached in {timeout_s} s (last: {last})")
+from helpers.waiting import wait_until
 
 
 def ready_body(client: httpx.Client, url: str) -> tuple[int, dict]:

@@ -6,7 +6,6 @@ import json
 import socket
 import time
 
-import httpx
 
 from helpers import procs
 from helpers.api import assert_openai_error, completion

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from helpers import procs
+from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -60,17 +61,6 @@ def _finite(prom, expr: str) -> list[float]:
     return [v for v in map(float, raw) if not math.isnan(v)]
 
 
-def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture(scope="module")
 def dead_sidecar(log_dir):
     """A sidecar whose engine address answers nothing: its requests end in 5xx, its upstream
@@ -91,7 +81,7 @@ def live_prometheus(engine_server, sidecar_server, dead_sidecar):
         def all_up():
             active = prom.api("targets", state="active")["data"]["activeTargets"]
             return len(active) == 3 and all(t["health"] == "up" for t in active)
-        _wait(all_up, 30, "sidecars and engine scraped")
+        wait_until(all_up, 30, "sidecars and engine scraped")
         yield prom
 
 
@@ -144,7 +134,7 @@ def traffic(live_prometheus, sidecar_server, dead_sidecar):
         first = drive_traffic(client, dead)
         # every series the first wave created is in Prometheus before the second wave moves it,
         # so rate() sees an increase for each of them
-        _wait(lambda: _finite(prom, 'palmyra_requests_total{status="413"}'), 30, "the first wave scraped")
+        wait_until(lambda: _finite(prom, 'palmyra_requests_total{status="413"}'), 30, "the first wave scraped")
         time.sleep(3)
         second = drive_traffic(client, dead)
     return first + second
@@ -211,7 +201,7 @@ def test_alert_rules_load_and_evaluate_ok(traffic, live_prometheus):
     def loaded():
         rules = [r for g in live_prometheus.api("rules")["data"]["groups"] for r in g["rules"]]
         return rules if rules and all(r["health"] == "ok" for r in rules) else None
-    rules = _wait(loaded, 30, "every rule evaluated with health ok")
+    rules = wait_until(loaded, 30, "every rule evaluated with health ok")
     assert {r["name"] for r in rules} == expected
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad
@@ -226,7 +216,7 @@ def test_alerts_single_out_the_broken_replica(traffic, live_prometheus, engine_s
     def not_ready():
         alerts = live_prometheus.api("alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == "PalmyraReplicaNotReady"]
-    alerts = _wait(not_ready, 30, "PalmyraReplicaNotReady for the sidecar without engine")
+    alerts = wait_until(not_ready, 30, "PalmyraReplicaNotReady for the sidecar without engine")
     assert [(a["labels"].get("instance"), a["state"]) for a in alerts] == [(dead, "pending")]
     assert alerts[0]["annotations"]["runbook_url"] == BASE_URL + "#palmyrareplicanotready"
     active = live_prometheus.api("alerts")["data"]["alerts"]

@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -287,17 +288,6 @@ class _Exporter(BaseHTTPRequestHandler):
         pass
 
 
-def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture(scope="module")
 def npu_prometheus(shared_dir):
     assert shutil.which("prometheus"), "prometheus missing: install Debian's `prometheus` package"
@@ -317,9 +307,9 @@ def npu_prometheus(shared_dir):
     prom = local_prometheus.LocalPrometheus(cfg)
     try:
         prom.start()
-        _wait(lambda: prom.targets_up() == {"npu-exporter": True, "npu-exporter-faulty": True}, 30,
+        wait_until(lambda: prom.targets_up() == {"npu-exporter": True, "npu-exporter-faulty": True}, 30,
               "both npu-exporter targets up")
-        _wait(lambda: _values(prom, "count(npu_chip_info_health_status)") == [16.0], 30, "16 chips scraped")
+        wait_until(lambda: _values(prom, "count(npu_chip_info_health_status)") == [16.0], 30, "16 chips scraped")
         yield prom
     finally:
         prom.stop()
@@ -376,7 +366,7 @@ def test_alert_rules_load_and_evaluate_ok(npu_prometheus):
         groups = npu_prometheus.api("rules")["data"]["groups"]
         flat = [r for g in groups for r in g["rules"]]
         return flat if flat and all(r["health"] == "ok" for r in flat) else None
-    flat = _wait(rules, 30, "every rule evaluated with health ok")
+    flat = wait_until(rules, 30, "every rule evaluated with health ok")
     assert {r["name"] for r in flat if r["type"] == "alerting"} == EXPECTED_ALERTS
     assert len(flat) == sum(len(g["rules"]) for g in _yaml(RULES)["groups"])
 
@@ -385,7 +375,7 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
     def pending():
         alerts = npu_prometheus.api("alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == "PalmyraNPUUnhealthy"]
-    alerts = _wait(pending, 30, "PalmyraNPUUnhealthy to become active")
+    alerts = wait_until(pending, 30, "PalmyraNPUUnhealthy to become active")
     # only the chip marked unhealthy, not the 15 healthy ones; `for: 2m` holds it in pending
     assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == \
         [("npu-exporter-faulty", "3", "pending")]
