@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(None, description="File with one API key per line (a mounted secret).")
     log_level: str = Field("info", description="Log level of the JSON logs.")
+    up_log_dir: Path = Field(Path(".palmyra/logs"), description="`up` writes the engine's and sidecar's logs here.")
 
     # --- sidecar: health, warmup, canary, drain ---------------------------------------------
     health_poll_interval_s: float = Field(2.0, description="How often the sidecar polls the engine's /health.")

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from palmyra_serve.model.resolve import resolve
 from palmyra_serve.settings import Settings
@@ -38,9 +39,15 @@ def _ready(url: str) -> tuple[bool, dict]:
         return False, {"phase": "sidecar starting"}
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
     # Own process group each: vLLM forks engine-core workers, and stopping must reach all of them.
-    return subprocess.Popen(argv, env=env, start_new_session=True)
+    # Logs go to files so the terminal shows progress, not vLLM's start-up chatter.
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _stop(proc: subprocess.Popen, name: str, timeout_s: float) -> None:
@@ -84,18 +91,20 @@ def run_up(settings: Settings) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    engine = _spawn(exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)], env)
-    sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env)
+    settings.up_log_dir.mkdir(parents=True, exist_ok=True)
+    logs = {"engine": settings.up_log_dir / "engine.log", "sidecar": settings.up_log_dir / "sidecar.log"}
+    engine = _spawn(exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)], env, logs["engine"])
+    sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
     t0 = time.monotonic()
     code = 0
     try:
-        _say(f"engine (vLLM) and sidecar starting; model {model_dir}")
+        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/")
         last = ""
         while not stopping:
             if engine.poll() is not None or sidecar.poll() is not None:
                 which = "engine" if engine.poll() is not None else "sidecar"
-                _say(f"{which} exited unexpectedly; stopping")
+                _say(f"{which} exited unexpectedly; the end of {logs[which]}:\n{_tail(logs[which])}")
                 code = 1
                 break
             ok, body = _ready(url)

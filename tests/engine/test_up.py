@@ -19,7 +19,8 @@ def test_up_serves_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([procs.PALMYRA, "up", "--port", str(port), "--engine-port", str(engine_port),
                                  "--model", str(tiny_model_dir), "--max-model-len", "2048"],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1"})
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1",
+                                     "PALMYRA_UP_LOG_DIR": str(log_dir / "up-logs")})
     try:
         deadline = time.monotonic() + 420
         while "is being served at" not in log_path.read_text(errors="replace"):
@@ -43,5 +44,9 @@ def test_up_serves_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
                  psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert alive == [], f"left behind: {alive}"
         assert "stopped" in log_path.read_text()
+        # The terminal shows progress; the children's output went to the log files it named.
+        assert "Application startup complete" in (log_dir / "up-logs" / "engine.log").read_text(errors="replace")
+        assert "sidecar started" in (log_dir / "up-logs" / "sidecar.log").read_text()
+        assert "Application startup complete" not in log_path.read_text(errors="replace")
     finally:
         procs.stop(proc, signal.SIGKILL, 5)
