@@ -93,9 +93,10 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 4
 
 @contextlib.contextmanager
 def engine(model_dir: Path, log_dir: Path, dtype: str = "bfloat16", api_key: str | None = "engine-test-key",
-           extra_env: dict[str, str] | None = None, timeout_s: float = 420.0) -> Iterator[Server]:
-    """The real vLLM CPU engine through the project's launcher, on a free port."""
-    port = free_port()
+           extra_env: dict[str, str] | None = None, timeout_s: float = 420.0,
+           port: int | None = None) -> Iterator[Server]:
+    """The real vLLM CPU engine through the project's launcher, on `port` (default: a free one)."""
+    port = port or free_port()
     env = {"PALMYRA_MODEL": str(model_dir), "PALMYRA_MODEL_SOURCE": "local", "PALMYRA_DTYPE": dtype,
            "PALMYRA_MAX_MODEL_LEN": "2048", "PALMYRA_CPU_KVCACHE_GIB": "2", **(extra_env or {})}
     if api_key:

@@ -108,3 +108,20 @@ def test_request_ids_and_usage_parsing():
     assert _usage(chunk)["completion_tokens"] == 3
     assert _usage(b'data: {"choices":[]}\n\n') is None
     assert _usage(b'data: {"usage":{"trunc') is None
+
+
+def test_engine_error_bodies_are_made_openai_shaped():
+    import orjson
+
+    from palmyra_serve.sidecar.errors import openai_shaped
+
+    shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}'
+    assert openai_shaped(400, shaped, "Bad Request") is None  # already right: relayed unchanged
+    for status, body, message in ((404, b'{"detail":"Not Found"}', "Not Found"),
+                                  (401, b'{"error":"Unauthorized"}', "Unauthorized"),
+                                  (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
+                                  (502, b"<html>bad gateway</html>", "<html>bad gateway</html>"),
+                                  (405, b"", "Method Not Allowed")):
+        err = orjson.loads(openai_shaped(status, body, message if not body else "x"))["error"]
+        assert err["message"] == message and err["code"] == status and err["param"] is None
+        assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")

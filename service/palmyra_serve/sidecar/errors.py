@@ -90,3 +90,20 @@ def bad_upstream() -> ApiError:
 def stream_interrupted() -> ApiError:
     return ApiError(502, "The inference engine stopped in the middle of the stream.", "bad_gateway",
                     "stream_interrupted")
+
+
+def openai_shaped(status: int, body: bytes, reason: str) -> bytes | None:
+    """None when an upstream error body is already OpenAI-shaped; else the same error rewrapped."""
+    try:
+        payload = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict) and "message" in payload["error"]:
+        return None
+    if isinstance(payload, dict):
+        detail = payload.get("detail", payload.get("error", payload.get("message")))
+        message = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+    else:
+        message = body.decode("utf-8", "replace")[:500] or reason
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})

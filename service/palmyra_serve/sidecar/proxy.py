@@ -180,10 +180,32 @@ class Proxy:
         gone = _Gone()
         watcher = asyncio.ensure_future(_watch_disconnect(receive, resp, gone))
         try:
+            if resp.status >= 400:
+                return await self._relay_error(send, resp, rid)
             return await self._stream(send, route, resp, gone, rid, record, t0)
         finally:
             watcher.cancel()
             resp.release()
+
+    async def _relay_error(self, send: Any, resp: aiohttp.ClientResponse, rid: str) -> int:
+        """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
+        pass unchanged; its framework-level ones ({"detail": ...} for an undecodable body, an
+        unknown route or method, or {"error": "Unauthorized"}) are wrapped, status kept."""
+        try:
+            body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            self.metrics.upstream_errors.labels("protocol").inc()
+            raise errors.bad_upstream() from None
+        wrapped = errors.openai_shaped(resp.status, body, resp.reason or "error")
+        headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
+        if wrapped is not None:
+            body = wrapped
+            headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"content-type")]
+            headers.append((b"content-type", b"application/json"))
+        headers.append((b"x-request-id", rid.encode()))
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return resp.status
 
     async def _stream(self, send: Any, route: str, resp: aiohttp.ClientResponse, gone: _Gone, rid: str,
                       record: dict, t0: float) -> int:

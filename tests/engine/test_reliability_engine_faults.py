@@ -1,0 +1,204 @@
+"""The real engine hung (SIGSTOP) and killed mid-stream (SIGKILL to vLLM's engine core, then to the
+whole engine process group), behind the real sidecar, which must fail open streams cleanly, turn
+not-ready, judge liveness, and recover on its own once the engine is back on the same port.
+
+These damage the engine, so they own one (not the shared session engine) and restart it in place.
+Order matters: hang first (it recovers with SIGCONT), then the two kills (each restarts the engine).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from helpers import procs
+from reliability_support import (FAST, TransitionWatcher, completion, engine_core, figure, generate_ok,
+                                 long_stream, ready, start_streams, wait_until)
+
+READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])
+LIVENESS_BUDGET_S = float(FAST["PALMYRA_LIVENESS_BUDGET_S"])
+STREAMS = 4
+
+
+class RestartableEngine:
+    """procs.engine on a fixed port, so the sidecar finds the restarted engine where the old one was."""
+
+    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        self.model_dir, self.log_dir = model_dir, log_dir
+        self.port = procs.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._cm = None
+        self.server: procs.Server | None = None
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self._cm = procs.engine(self.model_dir, self.log_dir, port=self.port)
+        self.server = self._cm.__enter__()
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)  # procs.stop: TERM the group, then KILL what is left
+            self._cm = None
+
+    @property
+    def pid(self) -> int:
+        assert self.server is not None
+        return self.server.proc.pid
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, log_dir) -> Iterator[RestartableEngine]:
+    eng = RestartableEngine(tiny_model_dir, log_dir)
+    eng.start()
+    try:
+        yield eng
+    finally:
+        with_group_continued(eng)
+        eng.stop()
+
+
+def with_group_continued(eng: RestartableEngine) -> None:
+    """A stopped group ignores SIGTERM until continued: never leave one behind."""
+    if eng.server is not None:
+        try:
+            os.killpg(eng.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def sidecar(engine: RestartableEngine, log_dir) -> Iterator[procs.Server]:
+    with procs.sidecar(engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST,
+                       timeout_s=120) as server:
+        yield server
+
+
+def liveness(url: str) -> tuple[int, dict]:
+    resp = httpx.get(f"{url}/health", timeout=2)
+    return resp.status_code, resp.json()
+
+
+def stream_endings(threads, t_fault: float) -> list[dict]:
+    """How each open stream ended, relative to the fault."""
+    out = []
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a client stream hung after the engine failed"
+        r = t.result
+        err = r.error_event()
+        out.append({"after_s": round(r.ended_at - t_fault, 3), "status": r.status,
+                    "tokens_before": r.tokens, "error_event": err.get("code") if err else None,
+                    "closed": r.error is not None, "done": r.done})
+    return out
+
+
+def engine_intact(engine: RestartableEngine) -> bool:
+    try:
+        engine_core(engine.pid)
+    except (AssertionError, psutil.Error):
+        return False
+    return engine.server is not None and engine.server.proc.poll() is None
+
+
+def recover(engine: RestartableEngine, sidecar: procs.Server) -> dict:
+    """Start the engine again on the same port; the same sidecar must warm up and turn ready."""
+    engine.stop()
+    engine_start_s = engine.start()
+    t0 = time.monotonic()
+    ready_after_s = wait_until(lambda: ready(sidecar.url), 120, 0.2, "sidecar ready after the engine restart")
+    assert sidecar.proc.poll() is None, "the sidecar must not have restarted"
+    body = httpx.get(f"{sidecar.url}/ready", timeout=2).json()
+    assert body["progress"]["done"] == body["progress"]["total"] > 0
+    assert generate_ok(sidecar.url)
+    return {"engine_restart_s": round(engine_start_s, 1), "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
+            "warmup_s": body["warmup_seconds"], "ready_wait_s": round(ready_after_s, 2)}
+
+
+def test_engine_hung_by_sigstop(engine, sidecar):
+    assert ready(sidecar.url)
+    streams = start_streams(sidecar.url, 2, long_stream(2000))
+    watcher = TransitionWatcher(sidecar.url)
+    watcher.start()
+    t_stop = time.monotonic()
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        resp = httpx.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
+        request_s = time.monotonic() - t0
+        assert resp.status_code == 504 and resp.json()["error"]["code"] == "engine_timeout", resp.text
+        assert request_s <= READ_TIMEOUT_S + 1.0
+
+        endings = stream_endings(streams, t_stop)
+        assert all(e["error_event"] == "engine_timeout" for e in endings), endings
+        assert all(e["after_s"] <= READ_TIMEOUT_S + 1.5 for e in endings), endings
+
+        wait_until(lambda: watcher.unlive_at is not None, 15, 0.1, "/health failing")
+        watcher.finish()
+        assert watcher.unready_at is not None and watcher.unlive_status == "engine_hung", watcher.unlive_status
+        unready_s, hung_s = watcher.unready_at - t_stop, watcher.unlive_at - t_stop
+        assert unready_s <= 3.0, "the health poller (1 s timeout) or the canary must notice within seconds"
+        # Judged from the last good /health poll (at most one 0.2 s poll interval before the stop).
+        assert LIVENESS_BUDGET_S - 0.5 <= hung_s <= LIVENESS_BUDGET_S + 2, hung_s
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
+    t_cont = time.monotonic()
+    wait_until(lambda: ready(sidecar.url), 60, 0.2, "ready again after SIGCONT")
+    recovered_s = time.monotonic() - t_cont
+    assert liveness(sidecar.url)[0] == 200
+    assert generate_ok(sidecar.url)
+    figure("engine hung (SIGSTOP)", request_504_after_s=round(request_s, 2),
+           streams_ended_after_s=[e["after_s"] for e in endings], unready_after_s=round(unready_s, 2),
+           liveness_failed_after_s=round(hung_s, 2), liveness_budget_s=LIVENESS_BUDGET_S,
+           read_timeout_s=READ_TIMEOUT_S, ready_again_after_sigcont_s=round(recovered_s, 2))
+
+
+@pytest.mark.parametrize("target", ["engine-core", "process-group"])
+def test_engine_killed_mid_stream(engine, sidecar, target):
+    if not engine_intact(engine):  # an earlier test failed half-way: start from a healthy engine
+        recover(engine, sidecar)
+    wait_until(lambda: ready(sidecar.url), 60, 0.2, "sidecar ready before the kill")
+    # As long as max-model-len allows: the tiny engine streams hundreds of tokens a second.
+    streams = start_streams(sidecar.url, STREAMS, long_stream(2000))
+    assert all(t.is_alive() for t in streams), "the streams must still be running when the engine dies"
+    watcher = TransitionWatcher(sidecar.url)
+    watcher.start()
+    t_kill = time.monotonic()
+    if target == "engine-core":
+        engine_core(engine.pid).send_signal(signal.SIGKILL)
+    else:
+        os.killpg(engine.pid, signal.SIGKILL)
+
+    endings = stream_endings(streams, t_kill)
+    for e in endings:
+        # Either a well-formed error event (the sidecar's, or vLLM's own when its core dies) or a
+        # connection closed by the server; never a stream that looks complete.
+        assert e["error_event"] is not None or e["closed"], endings
+        assert not e["done"] or e["error_event"] is not None, endings
+        assert e["after_s"] <= 1.0, endings
+
+    wait_until(lambda: watcher.unready_at and watcher.unlive_at, 10, 0.05, "/ready and /health failing")
+    watcher.finish()
+    unready_s, unlive_s = watcher.unready_at - t_kill, watcher.unlive_at - t_kill
+    assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
+    status, body = liveness(sidecar.url)
+    assert status == 503 and body["status"] == "engine_dead", body
+    during = httpx.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
+    assert during.status_code >= 500 and during.json()["error"]["message"], during.text
+    if target == "process-group":
+        assert during.status_code == 503 and during.headers.get("retry-after"), during.text
+        assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
+
+    recovered = recover(engine, sidecar)
+    figure(f"engine killed mid-stream ({target})", streams=len(endings),
+           ended_after_s=[e["after_s"] for e in endings],
+           endings=sorted({e["error_event"] or "connection closed" for e in endings}),
+           unready_after_s=round(unready_s, 2), unlive_after_s=round(unlive_s, 2), health=body["status"],
+           request_while_dead=during.status_code, **recovered)

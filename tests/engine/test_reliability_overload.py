@@ -1,0 +1,81 @@
+"""Overload at several times capacity: with 4 slots and a queue of 4, bursts of 48 concurrent requests
+hit the real sidecar in front of the real engine. Excess requests get a fast 429 with Retry-After,
+admitted ones finish with bounded latency, and every request gets an answer (none times out)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from helpers import procs
+from reliability_support import FAST, completion, figure, generate_ok, percentile, sidecar_metric
+
+MAX_IN_FLIGHT, MAX_QUEUE = 4, 4
+BURST, WAVES = 48, 3
+MAX_TOKENS = 32
+QUEUE_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
+    env = {**FAST, "PALMYRA_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "PALMYRA_MAX_QUEUE": str(MAX_QUEUE),
+           "PALMYRA_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S), "PALMYRA_READ_TIMEOUT_S": "30"}
+    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
+        yield server
+
+
+async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int | str, float, str | None]:
+    payload = completion(f"Request {i}: tell me about the sea", max_tokens=MAX_TOKENS, ignore_eos=True,
+                         stream=i % 2 == 0)
+    t0 = time.monotonic()
+    try:
+        resp = await client.post(f"{url}/v1/completions", json=payload)
+        body = resp.text
+        if resp.status_code == 200 and payload["stream"]:
+            assert body.rstrip().endswith("data: [DONE]"), body[-200:]
+        return resp.status_code, time.monotonic() - t0, resp.headers.get("retry-after")
+    except httpx.HTTPError as exc:  # a client-side timeout or a broken connection: "silent" failures
+        return f"{type(exc).__name__}", time.monotonic() - t0, None
+
+
+async def burst(url: str, n: int) -> list[tuple[int | str, float, str | None]]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=QUEUE_TIMEOUT_S + 60, limits=limits) as client:
+        return await asyncio.gather(*(one(client, url, i) for i in range(n)))
+
+
+def test_overload_gets_fast_429s_and_bounded_latency_for_the_admitted(sidecar):
+    single = []
+    for _ in range(3):  # the unloaded latency of one such request, for scale
+        t0 = time.monotonic()
+        assert httpx.post(f"{sidecar.url}/v1/completions", timeout=60,
+                          json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)).status_code == 200
+        single.append(time.monotonic() - t0)
+    results = []
+    for _ in range(WAVES):
+        results += asyncio.run(burst(sidecar.url, BURST))
+    accepted = [took for status, took, _ in results if status == 200]
+    rejected = [(took, ra) for status, took, ra in results if status == 429]
+    other = [status for status, _, _ in results if status not in (200, 429)]
+    p99_admitted = percentile(accepted, 99)
+    p99_rejected = percentile([t for t, _ in rejected], 99)
+    figure("overload", sent=len(results), accepted=len(accepted), rejected=len(rejected), other=other,
+           capacity=f"{MAX_IN_FLIGHT} in flight + {MAX_QUEUE} queued", burst=BURST, waves=WAVES,
+           unloaded_s=round(min(single), 3), admitted_p50_s=round(percentile(accepted, 50), 3),
+           admitted_p99_s=round(p99_admitted, 3), rejected_p99_s=round(p99_rejected, 3))
+    assert not other, f"every request must get 200 or 429, got {other}"
+    assert len(accepted) >= WAVES * (MAX_IN_FLIGHT + MAX_QUEUE), "at least capacity is served in each wave"
+    assert len(rejected) >= WAVES * (BURST - 2 * (MAX_IN_FLIGHT + MAX_QUEUE)), "the excess is refused"
+    assert all(ra == "1" for _, ra in rejected), "every 429 carries Retry-After"
+    assert p99_rejected < 1.0, "a rejection must be fast"
+    # Admitted requests wait for at most the queue ahead of them: about (queue / slots + 1) batches.
+    assert p99_admitted < max(5.0, 6 * max(single)), p99_admitted
+    # The sidecar counted every request it answered, and nothing is left in flight.
+    assert sidecar_metric(sidecar.url, 'palmyra_rejections_total{reason="queue_full"}') == len(rejected)
+    assert sidecar_metric(sidecar.url, "palmyra_in_flight_requests") == 0
+    assert sidecar_metric(sidecar.url, "palmyra_queued_requests") == 0
+    assert generate_ok(sidecar.url)
