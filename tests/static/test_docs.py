@@ -166,6 +166,7 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
     "PALMYRA_TEST_CACHE": ("tests/engine/conftest.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
+    "PALMYRA_RELIABILITY_FIGURES": ("tests/engine/reliability_support.py", "where the reliability suite appends its figures"),
 }
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
