@@ -49,7 +49,7 @@ fi
 debs=(curl:curl)
 has static && debs+=(prometheus:promtool)
 has engine && debs+=(prometheus:prometheus)
-has container && debs+=(podman:podman runc:runc debootstrap:debootstrap)
+has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
 apt_install "${debs[@]}"
 
 marker=$(IFS=' '; set -- "${tiers[@]}"; out=$1; shift; for t; do out="$out or $t"; done; echo "$out")
