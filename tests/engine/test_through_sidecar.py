@@ -75,14 +75,17 @@ def test_curl_completion_and_request_id(sidecar_server):
 
 
 def test_client_disconnect_makes_the_engine_abort(sidecar_server, engine_server):
-    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 4000, "ignore_eos": True,
+    # Long enough to still be generating when the client leaves; within the engine's max-model-len.
+    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 1500, "ignore_eos": True,
                        "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", sidecar_server.port)) as sock:
+    with socket.create_connection(("127.0.0.1", sidecar_server.port), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         received = b""
         while received.count(b"data: ") < 5:
-            received += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk and b"200 OK" in received + chunk, (received + chunk)[:500]
+            received += chunk
         assert engine_gauge(engine_server, "vllm:num_requests_running") == 1
     deadline = time.monotonic() + 10
     while engine_gauge(engine_server, "vllm:num_requests_running") != 0:
