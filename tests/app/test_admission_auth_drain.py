@@ -24,7 +24,7 @@ def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine,
             time.sleep(0.3)
             t0 = time.monotonic()
             third = client.post(f"{sc.url}/v1/completions", json=completion())
-            assert time.monotonic() - t0 < 0.5, "a rejection must be fast"
+            assert time.monotonic() - t0 < 2, "a rejection must not wait for the 30 s queue timeout"
             assert_openai_error(third, 429, "queue_full")
             assert third.headers["retry-after"] == "1"
             assert first.result().status_code == 200 and second.result().status_code == 200
