@@ -197,20 +197,18 @@ class Proxy:
             self.metrics.upstream_errors.labels("protocol").inc()
             raise errors.bad_upstream() from None
         wrapped = errors.openai_shaped(resp.status, body, resp.reason or "error")
-        headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
+        headers = _response_headers(resp, rid)
         if wrapped is not None:
             body = wrapped
             headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"content-type")]
             headers.append((b"content-type", b"application/json"))
-        headers.append((b"x-request-id", rid.encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return resp.status
 
     async def _stream(self, send: Any, route: str, resp: aiohttp.ClientResponse, gone: _Gone, rid: str,
                       record: dict, t0: float) -> int:
-        headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
-        headers.append((b"x-request-id", rid.encode()))
+        headers = _response_headers(resp, rid)
         ctype = resp.headers.get("content-type", "")
         sse = ctype.startswith("text/event-stream")
         keep = not sse and ctype.startswith("application/json")  # small JSON bodies: read usage at the end
@@ -272,6 +270,13 @@ class Proxy:
         if isinstance(prompt, int):
             self.metrics.prompt_tokens.labels(route).inc(prompt)
             record["prompt_tokens"] = prompt
+
+
+def _response_headers(resp: aiohttp.ClientResponse, rid: str) -> list[tuple[bytes, bytes]]:
+    """The engine's headers minus hop-by-hop and server-written ones, plus our request id."""
+    headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
+    headers.append((b"x-request-id", rid.encode()))
+    return headers
 
 
 def _usage(data: bytes) -> dict | None:
