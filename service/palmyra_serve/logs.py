@@ -9,10 +9,15 @@ import time
 import orjson
 
 
+def timestamp(created: float) -> str:
+    """UTC, millisecond precision: 2026-12-02T16:12:56.123Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created * 1000) % 1000:03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -2,8 +2,8 @@
 
 `/v1/*`, `/tokenize` and `/detokenize` go straight to the raw-ASGI relay (proxy.py): the hot path
 pays for no framework. Everything else (health, readiness, metrics, the OpenAPI document) is a
-small FastAPI app, which also runs the lifespan: the engine session, the health poller and the
-warmup supervisor.
+small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health poller
+and the warmup supervisor.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
@@ -84,7 +85,7 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_session = session is None
         state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
-        state.proxy.session = state.session
+        state.proxy.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
         engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
@@ -98,6 +99,8 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            state.proxy.pool.close()
+            state.proxy.access_log.flush()
             if own_session:
                 await state.session.close()
 

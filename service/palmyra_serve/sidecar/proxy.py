@@ -9,22 +9,20 @@ upstream response at once, which makes vLLM abort the generation.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 
 from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.access_log import AccessLog
 from palmyra_serve.sidecar.admission import Admission
 from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.engine_pool import ConnectFailed, EnginePool, EngineResponse, UpstreamError, UpstreamTimeout
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.settings import Settings
-
-access_log = logging.getLogger("palmyra.access")
 
 ROUTE_OF = {
     "/v1/completions": "completions",
@@ -34,13 +32,13 @@ ROUTE_OF = {
     "/detokenize": "tokenize",
 }
 GENERATION_ROUTES = frozenset({"completions", "chat_completions"})
-# Not forwarded upstream: hop-by-hop headers, the ones aiohttp sets itself, and the client's key.
+# Not forwarded upstream: hop-by-hop headers, the ones the pool writes itself, and the client's key.
 DROP_REQUEST = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                           b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
                           b"authorization", b"x-request-id", b"expect"})
 # Not relayed back: hop-by-hop headers, and the ones uvicorn writes itself.
-DROP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "date",
-                           "server", "x-request-id", "proxy-authenticate"})
+DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer", b"date",
+                           b"server", b"x-request-id", b"proxy-authenticate"})
 SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 SSE_DATA = b"data: "
 USAGE_KEY = b'"usage":'
@@ -65,16 +63,16 @@ class Proxy:
         self.admission = admission
         self.keys = keys
         self.state = state
-        self.base = settings.engine_url.rstrip("/")
-        self.engine_auth = f"Bearer {settings.engine_api_key}" if settings.engine_api_key else None
-        self.session: aiohttp.ClientSession | None = None  # set by the app's lifespan
+        self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
+        self.pool: EnginePool | None = None  # set by the app's lifespan
+        self.access_log = AccessLog()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
         path = scope["path"]
         route = ROUTE_OF.get(path, "other")
         auth = rid_raw = clen = None
-        fwd: list[tuple[str, str]] = []
+        fwd: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
@@ -83,7 +81,7 @@ class Proxy:
             elif name == b"content-length":
                 clen = value
             if name not in DROP_REQUEST:
-                fwd.append((name.decode("latin-1"), value.decode("latin-1")))
+                fwd.append((name, value))
         rid = request_id_from(rid_raw)
         record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
         status = 500
@@ -117,7 +115,7 @@ class Proxy:
             self.metrics.duration.labels(route).observe(took)
             record["status"] = status
             record["duration_ms"] = round(took * 1000, 2)
-            access_log.info("request", extra={"fields": record})
+            self.access_log.write(time.time(), record)
 
     async def _read_body(self, receive: Any, clen: bytes | None) -> bytes:
         limit = self.settings.max_body_bytes
@@ -157,23 +155,24 @@ class Proxy:
                 raise _reject(self.metrics, errors.max_tokens_too_large(asked, cap, param), "max_tokens_too_large")
 
     async def _relay(self, scope: dict, receive: Any, send: Any, route: str, body: bytes,
-                     fwd: list[tuple[str, str]], rid: str, record: dict, t0: float) -> int:
-        assert self.session is not None
-        fwd.append(("x-request-id", rid))
+                     fwd: list[tuple[bytes, bytes]], rid: str, record: dict, t0: float) -> int:
+        assert self.pool is not None
+        fwd.append((b"x-request-id", rid.encode()))
         if self.engine_auth:
-            fwd.append(("authorization", self.engine_auth))
-        qs = scope.get("query_string")
-        url = f"{self.base}{scope['path']}?{qs.decode('latin-1')}" if qs else f"{self.base}{scope['path']}"
+            fwd.append((b"authorization", self.engine_auth))
+        target = scope.get("raw_path") or scope["path"].encode()
+        if qs := scope.get("query_string"):
+            target += b"?" + qs
         try:
-            resp = await self.session.request(scope["method"], url, data=body or None, headers=fwd)
-        except aiohttp.ClientConnectorError:
+            resp = await self.pool.request(scope["method"], target, fwd, body)
+        except ConnectFailed:
             self.metrics.upstream_errors.labels("connect").inc()
             self.state.record_health(False, "refused")
             raise errors.engine_unavailable(self.settings.retry_after_s) from None
-        except TimeoutError:
+        except UpstreamTimeout:
             self.metrics.upstream_errors.labels("timeout").inc()
             raise errors.engine_timeout() from None
-        except aiohttp.ClientError:
+        except UpstreamError:
             self.metrics.upstream_errors.labels("protocol").inc()
             raise errors.bad_upstream() from None
 
@@ -187,14 +186,14 @@ class Proxy:
             watcher.cancel()
             resp.release()
 
-    async def _relay_error(self, send: Any, resp: aiohttp.ClientResponse, rid: str) -> int:
+    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str) -> int:
         """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
         pass unchanged; its framework-level ones ({"detail": ...} for an undecodable body, an
         unknown route or method, or {"error": "Unauthorized"}) are wrapped, status kept."""
         try:
             body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
-            self.metrics.upstream_errors.labels("protocol").inc()
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.kind).inc()
             raise errors.bad_upstream() from None
         wrapped = errors.openai_shaped(resp.status, body, resp.reason or "error")
         headers = _response_headers(resp, rid)
@@ -206,10 +205,10 @@ class Proxy:
         await send({"type": "http.response.body", "body": body})
         return resp.status
 
-    async def _stream(self, send: Any, route: str, resp: aiohttp.ClientResponse, gone: _Gone, rid: str,
+    async def _stream(self, send: Any, route: str, resp: EngineResponse, gone: _Gone, rid: str,
                       record: dict, t0: float) -> int:
         headers = _response_headers(resp, rid)
-        ctype = resp.headers.get("content-type", "")
+        ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
         keep = not sse and ctype.startswith("application/json")  # small JSON bodies: read usage at the end
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
@@ -218,7 +217,7 @@ class Proxy:
         kept: list[bytes] = []
         usage_chunk = b""
         try:
-            async for chunk in resp.content.iter_any():
+            while chunk := await resp.read_some():
                 now = time.perf_counter()
                 if not first:
                     first = now
@@ -230,10 +229,10 @@ class Proxy:
                 elif keep:
                     kept.append(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except UpstreamError as exc:
             if gone.flag:
                 raise ClientGone from None
-            kind = "timeout" if isinstance(exc, TimeoutError) else "stream_interrupted"
+            kind = "timeout" if isinstance(exc, UpstreamTimeout) else "stream_interrupted"
             self.metrics.upstream_errors.labels(kind).inc()
             record["upstream_error"] = kind
             if not sse:
@@ -272,9 +271,9 @@ class Proxy:
             record["prompt_tokens"] = prompt
 
 
-def _response_headers(resp: aiohttp.ClientResponse, rid: str) -> list[tuple[bytes, bytes]]:
+def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes]]:
     """The engine's headers minus hop-by-hop and server-written ones, plus our request id."""
-    headers = [(k, v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in DROP_RESPONSE]
+    headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in DROP_RESPONSE]
     headers.append((b"x-request-id", rid.encode()))
     return headers
 
@@ -301,7 +300,7 @@ class _Gone:
         self.flag = False
 
 
-async def _watch_disconnect(receive: Any, resp: aiohttp.ClientResponse, gone: _Gone) -> None:
+async def _watch_disconnect(receive: Any, resp: EngineResponse, gone: _Gone) -> None:
     """Close the upstream response as soon as the client goes away, so the engine stops generating."""
     while True:
         message = await receive()

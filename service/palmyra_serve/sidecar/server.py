@@ -54,6 +54,7 @@ def serve(settings: Settings) -> None:
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop", http="httptools", lifespan="on",
         access_log=False, log_config=None, server_header=False, backlog=2048,
+        proxy_headers=False,  # nothing here reads the client address; saves a middleware per request
         timeout_keep_alive=30, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
     )
     DrainingServer(config, app).run()

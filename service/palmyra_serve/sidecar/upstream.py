@@ -1,8 +1,8 @@
 """The sidecar's connection to the engine: one aiohttp session, and the control-plane calls
 (health, model list, a generation) that health polling, warmup and the canary make.
 
-aiohttp rather than httpx: in the relay benchmark (bench/relay) it is the client that keeps up with
-a fast token stream at 256 streams; see docs/benchmarks.md.
+Client requests do not go through here: the relay has its own lean pool (engine_pool.py), chosen
+by benchmarks/relay.py. These calls are few and off the hot path, so aiohttp's convenience is free.
 """
 
 from __future__ import annotations

@@ -1,0 +1,293 @@
+"""The relay's own HTTP/1.1 client: a keep-alive pool of asyncio connections to the one engine,
+with responses parsed by httptools (the C parser uvicorn itself uses).
+
+Why not aiohttp on this path: in benchmarks/relay.py (workload A, 64 SSE chunks per request)
+aiohttp spent about 45% of the sidecar's CPU per request, most of it in per-chunk bookkeeping
+(one buffer entry, flow-control check and resume per HTTP chunk). Here every socket read is
+parsed in C and whatever it yielded is handed to the relay as one piece, so a burst of events
+the engine wrote back to back costs one wakeup and one write to the client. aiohttp stays for
+the control-plane calls (upstream.py), where its convenience costs nothing that matters.
+
+Deliberately narrow: one origin, HTTP/1.1, no redirects, cookies, proxies or decompression;
+bodies are relayed as the engine sent them, de-chunked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from urllib.parse import urlsplit
+
+import httptools
+
+# Above this much unread body the engine connection stops being read, so a slow client slows the
+# engine's socket instead of growing the sidecar's memory.
+HIGH_WATER = 256 * 1024
+# The engine's uvicorn closes idle keep-alive connections after 5 s (vLLM's default); reusing one
+# near that edge races its close, so idle connections are retired a little earlier.
+MAX_IDLE_S = 4.0
+
+
+class UpstreamError(Exception):
+    """A failure talking to the engine; `kind` is the label of palmyra_upstream_errors."""
+
+    kind = "protocol"
+
+
+class ConnectFailed(UpstreamError):
+    kind = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    kind = "timeout"
+
+
+class StreamInterrupted(UpstreamError):
+    kind = "stream_interrupted"
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to the engine and the response currently arriving on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.paused = False
+        self.idle_since = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.got_bytes = False
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = UpstreamError(f"unreadable response from the engine: {exc}")
+            self.closed = True
+            self.transport.close()  # type: ignore[union-attr]
+        if self.buffered > HIGH_WATER and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete and self.error is None:
+            if self.head_done:
+                self.error = StreamInterrupted("the engine closed the connection mid-response")
+            else:
+                self.error = UpstreamError("the engine closed the connection without answering")
+        self._wake()
+
+    # httptools callbacks
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        # Asked here, while the parser still holds this message's flags; once the next message
+        # begins (even within the same read) it answers for that one.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+
+    # used by EngineResponse
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _timed_out(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(UpstreamTimeout("the engine was silent for longer than the read timeout"))
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the next read, the end of the response, an error, or timeout_s of silence."""
+        self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(timeout_s, self._timed_out)
+        try:
+            await self.waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def take_body(self) -> bytes:
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        return data
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class EngineResponse:
+    """Status and headers of an engine response; its body is read piece by piece as it arrives."""
+
+    __slots__ = ("_conn", "_pool", "status", "reason", "raw_headers", "content_type")
+
+    def __init__(self, conn: _Connection, pool: EnginePool) -> None:
+        self._conn = conn
+        self._pool = pool
+        self.status = conn.status
+        self.reason = conn.reason.decode("latin-1")
+        self.raw_headers = conn.headers
+        self.content_type = ""
+        for name, value in conn.headers:
+            if name.lower() == b"content-type":
+                self.content_type = value.decode("latin-1").lower()
+
+    async def read_some(self) -> bytes:
+        """All body bytes that arrived since the last call, waiting for some; b"" at the end."""
+        conn = self._conn
+        while not conn.body:
+            if conn.complete:
+                return b""
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait(self._pool.read_timeout_s)
+        return conn.take_body()
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.read_some():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Drop the connection now: the engine sees the client go and aborts the generation."""
+        self._conn.abort()
+
+    def release(self) -> None:
+        """Back to the pool when the response was read to its end on a reusable connection."""
+        conn = self._conn
+        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None and not conn.body:
+            self._pool._put(conn)
+        else:
+            conn.abort()
+
+
+class EnginePool:
+    def __init__(self, engine_url: str, connect_timeout_s: float, read_timeout_s: float) -> None:
+        parts = urlsplit(engine_url)
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.tls else 80)
+        self.prefix = parts.path.rstrip("/").encode("latin-1")
+        self.host_header = parts.netloc.encode("latin-1")
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._ssl = ssl.create_default_context() if self.tls else None
+        self._idle: collections.deque[_Connection] = collections.deque()
+
+    async def request(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
+                      body: bytes) -> EngineResponse:
+        """Send one request and wait for the response head. `target` is the raw path plus query."""
+        head = [method.encode("latin-1"), b" ", self.prefix, target,
+                b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
+        if body or method in ("POST", "PUT", "PATCH"):
+            head += [b"content-length: ", str(len(body)).encode(), b"\r\n"]
+        for name, value in headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        message = b"".join(head) + body
+        head_only = method == "HEAD"
+        while True:
+            conn = self._take()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+            conn.reset()
+            conn.transport.write(message)  # type: ignore[union-attr]
+            try:
+                while not conn.head_done:
+                    if conn.error is not None:
+                        raise conn.error
+                    await conn.wait(self.read_timeout_s)
+            except UpstreamTimeout:
+                conn.abort()
+                raise
+            except UpstreamError:
+                conn.abort()
+                # A kept-alive connection the engine closed just as it was reused: nothing was
+                # read, nothing was processed; send again on a fresh one.
+                if reused and not conn.got_bytes:
+                    continue
+                raise
+            except BaseException:
+                conn.abort()
+                raise
+            if head_only:  # no body follows, whatever the headers say; the connection is not reused
+                conn.complete = True
+                conn.keep_alive = False
+                conn.abort()
+            return EngineResponse(conn, self)
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _Connection(loop), self.host, self.port,
+                                                       ssl=self._ssl)
+        except TimeoutError:
+            raise UpstreamTimeout(f"connecting to the engine took over {self.connect_timeout_s} s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to the engine: {exc}") from None
+        return conn
+
+    def _take(self) -> _Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the least likely to be closing
+            if not conn.closed and now - conn.idle_since < MAX_IDLE_S:
+                return conn
+            conn.abort()
+        return None
+
+    def _put(self, conn: _Connection) -> None:
+        now = conn.idle_since = time.monotonic()
+        idle = self._idle
+        idle.append(conn)
+        # Retire connections left unused at the bottom of the stack since traffic last peaked.
+        while idle and (idle[0].closed or now - idle[0].idle_since >= MAX_IDLE_S):
+            idle.popleft().abort()
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.popleft().abort()
