@@ -93,6 +93,7 @@ def test_engine_dying_mid_stream_ends_with_error_event(sidecar, client):
 
 
 def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
+    before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
     body = json.dumps(completion("fake:slow", max_tokens=50, stream=True)).encode()
     with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -102,12 +103,30 @@ def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         stats = client.get(f"{engine.url}/fake/stats").json()
-        if stats["aborted"] >= 1:
+        if stats["aborted"] > before:
             break
         time.sleep(0.1)
-    assert stats["aborted"] == 1, stats
+    assert stats["aborted"] == before + 1, stats
     metrics = client.get(f"{sidecar.url}/metrics").text
     assert 'palmyra_requests_total{route="completions",status="499"} 1.0' in metrics
+    assert "palmyra_in_flight_requests 0.0" in metrics
+
+
+def test_client_disconnect_aborts_a_non_streamed_generation_before_any_byte_came_back(sidecar, engine, client):
+    before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
+    body = json.dumps(completion("fake:hang", max_tokens=5)).encode()
+    with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.5)  # the engine holds the request; nothing has been answered yet
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        stats = client.get(f"{engine.url}/fake/stats").json()
+        if stats["aborted"] > before:
+            break
+        time.sleep(0.1)
+    assert stats["aborted"] == before + 1, stats
+    metrics = client.get(f"{sidecar.url}/metrics").text
     assert "palmyra_in_flight_requests 0.0" in metrics
 
 

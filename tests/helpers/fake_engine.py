@@ -67,7 +67,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     mode = prompt if isinstance(prompt, str) and prompt.startswith("fake:") else f"fake:{STATE['generate']}"
     n = int(body.get("max_tokens") or 4)
     if mode == "fake:hang":
-        await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:  # the caller went away: what vLLM counts as an abort
+            STATS["aborted"] += 1
+            raise
     if mode == "fake:fail":
         return web.json_response({"error": {"message": "engine core died", "type": "InternalServerError",
                                             "param": None, "code": 500}}, status=500)

@@ -2,8 +2,8 @@
 
 Per request: check the key, read the body under a size and time limit, take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), record
-metrics and one log line. A watcher task notices a client that goes away and closes the
-upstream response at once, which makes vLLM abort the generation.
+metrics and one log line. A watcher task notices a client that goes away, streamed or not, and
+cancels the relay at once; that closes the engine connection, which makes vLLM abort the generation.
 """
 
 from __future__ import annotations
@@ -163,8 +163,32 @@ class Proxy:
         target = scope.get("raw_path") or scope["path"].encode()
         if qs := scope.get("query_string"):
             target += b"?" + qs
+        # Watch for the client going away from before the engine is asked: a non-streamed generation
+        # sends nothing until it is done, and a gone client must abort it as much as a stream.
+        task = asyncio.current_task()
+        assert task is not None
+        gone = _Gone()
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, gone))
         try:
-            resp = await self.pool.request(scope["method"], target, fwd, body)
+            resp = await self._open(scope["method"], target, fwd, body)
+            try:
+                if resp.status >= 400:
+                    return await self._relay_error(send, resp, rid)
+                return await self._stream(send, route, resp, rid, record, t0)
+            finally:
+                resp.release()  # closes the connection unless the response was read to its end
+        except asyncio.CancelledError:
+            if gone.flag:
+                task.uncancel()  # our own cancellation, not the server's: report it as a gone client
+                raise ClientGone from None
+            raise
+        finally:
+            watcher.cancel()
+
+    async def _open(self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes) -> EngineResponse:
+        assert self.pool is not None
+        try:
+            return await self.pool.request(method, target, fwd, body)
         except ConnectFailed:
             self.metrics.upstream_errors.labels("connect").inc()
             self.state.record_health(False, "refused")
@@ -175,16 +199,6 @@ class Proxy:
         except UpstreamError:
             self.metrics.upstream_errors.labels("protocol").inc()
             raise errors.bad_upstream() from None
-
-        gone = _Gone()
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, resp, gone))
-        try:
-            if resp.status >= 400:
-                return await self._relay_error(send, resp, rid)
-            return await self._stream(send, route, resp, gone, rid, record, t0)
-        finally:
-            watcher.cancel()
-            resp.release()
 
     async def _relay_error(self, send: Any, resp: EngineResponse, rid: str) -> int:
         """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
@@ -205,7 +219,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": body})
         return resp.status
 
-    async def _stream(self, send: Any, route: str, resp: EngineResponse, gone: _Gone, rid: str,
+    async def _stream(self, send: Any, route: str, resp: EngineResponse, rid: str,
                       record: dict, t0: float) -> int:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
@@ -230,8 +244,6 @@ class Proxy:
                     kept.append(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
-            if gone.flag:
-                raise ClientGone from None
             kind = "timeout" if isinstance(exc, UpstreamTimeout) else "stream_interrupted"
             self.metrics.upstream_errors.labels(kind).inc()
             record["upstream_error"] = kind
@@ -240,8 +252,6 @@ class Proxy:
             failure = errors.engine_timeout() if kind == "timeout" else errors.stream_interrupted()
             await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
             return failure.status
-        if gone.flag:
-            raise ClientGone
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._account(route, resp.status, sse, events, first, last, t0, usage_chunk, kept, record)
         return resp.status
@@ -300,13 +310,14 @@ class _Gone:
         self.flag = False
 
 
-async def _watch_disconnect(receive: Any, resp: EngineResponse, gone: _Gone) -> None:
-    """Close the upstream response as soon as the client goes away, so the engine stops generating."""
+async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> None:
+    """Cancel the relay as soon as the client goes away: unwinding closes the engine connection,
+    which makes the engine abort the generation."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             gone.flag = True
-            resp.close()
+            relay.cancel()
             return
 
 
