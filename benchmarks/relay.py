@@ -3,11 +3,11 @@
 Workload A: a fast fake engine that streams 64 SSE chunks per request at once, called directly,
 through nginx (the reference for what a proxy can do) and through the sidecar (auth, admission and
 metrics all on), at 1, 32 and 256 concurrent streams. wrk (native, so the client is not the
-bottleneck) gives requests/s; an asyncio client gives TTFT percentiles; /proc gives each proxy's
-own CPU time per 1000 relayed requests.
+bottleneck) gives requests/s; a lean asyncio client (the sidecar's own C-parsed pool) gives TTFT
+percentiles from alternating rounds; /proc gives each proxy's own CPU time per 1000 relayed requests.
 
-Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through the sidecar, tokens/s
-at 1 and 16 streams (alternating rounds), plus the first request after /ready against the
+Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through nginx vs through the
+sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first request after /ready against the
 steady-state p50 (warmup must have removed the cold start).
 
     python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -78,6 +77,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def start_nginx(nginx_dir: Path, engine_port: int, port: int) -> subprocess.Popen:
+    nginx_dir.mkdir()
+    (nginx_dir / "nginx.conf").write_text(NGINX_CONF.format(dir=nginx_dir, engine_port=engine_port, port=port))
+    return procs.spawn(["nginx", "-c", str(nginx_dir / "nginx.conf"), "-g", "daemon off;"],
+                       nginx_dir.parent / "nginx.log", {})
+
+
 def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
     out = subprocess.run(["wrk", "-t", "1" if conns < 2 else "2", "-c", str(conns), "-d", f"{seconds}s",
                           "--latency", "-s", str(lua), url], capture_output=True, text=True, timeout=seconds + 60)
@@ -90,43 +96,57 @@ def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
             "requests": int(re.search(r"(\d+) requests in", text).group(1))}
 
 
-async def ttft_probe(url: str, conns: int, total: int) -> dict:
-    """Time to the first chunk and chunk counts, from an asyncio client at a fixed concurrency."""
-    ttfts: list[float] = []
-    chunks = 0
-    queue = asyncio.Queue()
-    for _ in range(total):
-        queue.put_nowait(None)
-    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async def worker() -> None:
-            nonlocal chunks
-            while not queue.empty():
-                queue.get_nowait()
-                t0 = time.perf_counter()
-                async with session.post(url, data=BODY, headers=headers) as resp:
-                    first = True
-                    async for data in resp.content.iter_any():
-                        if first:
-                            ttfts.append(time.perf_counter() - t0)
-                            first = False
-                        chunks += data.count(b"data: ")
-        await asyncio.gather(*(worker() for _ in range(conns)))
-    ttfts.sort()
-    return {"ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2], "ttft_p99_ms": 1000 * ttfts[int(len(ttfts) * 0.99) - 1],
-            "chunks_per_request": chunks / total}
+async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> float:
+    """Times to the first body bytes (appended to ttfts) at a fixed concurrency; returns SSE events
+    per request. The client is the sidecar's own lean pool (C-parsed, keep-alive), so what it adds
+    to every target is small and the same."""
+    from palmyra_serve.sidecar.engine_pool import EnginePool
+
+    pool = EnginePool(base, 5, 60)
+    headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
+    body = BODY.encode()
+    events = 0
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal events, remaining
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            resp = await pool.request("POST", b"/v1/completions", headers, body)
+            data = await resp.read_some()
+            ttfts.append(time.perf_counter() - t0)
+            while data:
+                events += data.count(b"data: ")
+                data = await resp.read_some()
+            resp.release()
+    await asyncio.gather(*(worker() for _ in range(conns)))
+    pool.close()
+    return events / total
 
 
-def workload_a(seconds: int, concurrencies: list[int], log_dir: Path) -> dict:
+def ttft_rounds(urls: dict[str, str], conns: int, rounds: int) -> dict[str, dict]:
+    """TTFT of every target in alternating rounds, so the machine's drift hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in urls}
+    chunks: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, url in urls.items():
+            chunks[name] = asyncio.run(ttft_probe(url, conns, max(100, conns * 2), samples[name]))
+    out = {}
+    for name, ttfts in samples.items():
+        ttfts.sort()
+        out[name] = {"ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
+                     "ttft_p99_ms": 1000 * ttfts[int(len(ttfts) * 0.99) - 1],
+                     "ttft_samples": len(ttfts), "chunks_per_request": chunks[name]}
+    return out
+
+
+def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_rounds_n: int = 5) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
     lua.write_text(WRK_LUA.format(body=BODY, key=API_KEY))
     engine = procs.spawn([sys.executable, str(HERE / "fast_engine.py"), str(engine_port)], log_dir / "fast.log", {})
-    nginx_dir = log_dir / "nginx"
-    nginx_dir.mkdir()
-    (nginx_dir / "nginx.conf").write_text(NGINX_CONF.format(dir=nginx_dir, engine_port=engine_port, port=nginx_port))
-    nginx = procs.spawn(["nginx", "-c", str(nginx_dir / "nginx.conf"), "-g", "daemon off;"], log_dir / "nginx.log", {})
+    nginx = start_nginx(log_dir / "nginx-a", engine_port, nginx_port)
     results: dict = {"concurrency": concurrencies, "targets": {}}
     try:
         procs.wait_for(f"http://127.0.0.1:{engine_port}/health", engine, log_dir / "fast.log", 20)
@@ -151,10 +171,14 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path) -> dict:
                     cpu0 = cpu_seconds(pids)
                     wrk = run_wrk(url, conns, seconds, lua)
                     cpu = cpu_seconds(pids) - cpu0
-                    probe = asyncio.run(ttft_probe(url, conns, max(200, conns * 3)))
-                    row = {**wrk, **probe, "chunks_per_s": wrk["rps"] * 64,
-                           "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"])}
-                    results["targets"][name][str(conns)] = row
+                    results["targets"][name][str(conns)] = {
+                        **wrk, "chunks_per_s": wrk["rps"] * 64,
+                        "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"])}
+                probes = ttft_rounds({name: url.removesuffix("/v1/completions") for name, (url, _) in targets.items()},
+                                     conns, ttft_rounds_n)
+                for name in targets:
+                    row = results["targets"][name][str(conns)]
+                    row.update(probes[name])
                     print(f"A c={conns:<3} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
                           f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
                           f"  non2xx {row['non_2xx']}", flush=True)
@@ -164,23 +188,33 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path) -> dict:
     return results
 
 
-async def stream_tokens(url: str, headers: dict, streams: int, max_tokens: int) -> tuple[int, float, list[float]]:
-    body = {"model": "palmyra-mini", "prompt": [9707] * 16, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "temperature": 0}
+async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: int,
+                        max_tokens: int) -> tuple[int, float, list[float]]:
+    """Tokens received, wall time and per-request latencies of `streams` concurrent streamed
+    completions. The client is the sidecar's own lean pool, the same for every target, so the
+    benchmark's load generator takes as little CPU from the engine as it can."""
+    from palmyra_serve.sidecar.engine_pool import EnginePool
+
+    body = json.dumps({"model": "palmyra-mini", "prompt": [9707] * 16, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True, "temperature": 0}).encode()
+    headers = headers + [(b"content-type", b"application/json")]
+    pool = EnginePool(base, 10, 600)
     latencies: list[float] = []
     tokens = 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        async def one() -> None:
-            nonlocal tokens
-            t0 = time.perf_counter()
-            async with session.post(url, json=body, headers=headers) as resp:
-                assert resp.status == 200, await resp.text()
-                async for data in resp.content.iter_any():
-                    tokens += data.count(b'"text"')
-            latencies.append(time.perf_counter() - t0)
+
+    async def one() -> None:
+        nonlocal tokens
         t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(streams)))
-        wall = time.perf_counter() - t0
+        resp = await pool.request("POST", b"/v1/completions", headers, body)
+        assert resp.status == 200, await resp.read()
+        while data := await resp.read_some():
+            tokens += data.count(b'"text"')
+        resp.release()
+        latencies.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(streams)))
+    wall = time.perf_counter() - t0
+    pool.close()
     return tokens, wall, latencies
 
 
@@ -190,29 +224,39 @@ def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
     model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
     results: dict = {"streams": {}, "cold_start": {}}
     with procs.engine(model, log_dir) as engine:
-        engine_headers = {"Authorization": f"Bearer {engine.api_key}"}
-        with procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key) as sidecar:
-            # First request after /ready: the one a real client would be unlucky enough to send.
-            _, first_wall, _ = asyncio.run(stream_tokens(f"{sidecar.url}/v1/completions", {}, 1, max_tokens))
-            steady = [asyncio.run(stream_tokens(f"{sidecar.url}/v1/completions", {}, 1, max_tokens))[1]
-                      for _ in range(7)]
-            results["cold_start"] = {"first_after_ready_s": first_wall, "steady_p50_s": statistics.median(steady),
-                                     "ratio": first_wall / statistics.median(steady)}
-            print(f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
-                  flush=True)
-            for streams in (1, 16):
-                totals = {"direct": [0, 0.0], "sidecar": [0, 0.0]}
-                for _ in range(rounds):
-                    for name, url, headers in (("direct", f"{engine.url}/v1/completions", engine_headers),
-                                               ("sidecar", f"{sidecar.url}/v1/completions", {})):
-                        tokens, wall, _ = asyncio.run(stream_tokens(url, headers, streams, max_tokens))
-                        totals[name][0] += tokens
-                        totals[name][1] += wall
-                row = {name: t / w for name, (t, w) in totals.items()}
-                row["ratio"] = row["sidecar"] / row["direct"]
-                results["streams"][str(streams)] = row
-                print(f"B {streams:>2} streams: direct {row['direct']:.1f} tok/s, sidecar {row['sidecar']:.1f} tok/s "
-                      f"({100 * row['ratio']:.1f}%)", flush=True)
+        engine_auth = [(b"authorization", f"Bearer {engine.api_key}".encode())]
+        nginx_port = procs.free_port()
+        nginx = start_nginx(log_dir / "nginx-b", engine.port, nginx_port)
+        try:
+            procs.wait_for(f"http://127.0.0.1:{nginx_port}/health", nginx, log_dir / "nginx.log", 20)
+            with procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key) as sidecar:
+                # First request after /ready: the one a real client would be unlucky enough to send.
+                _, first_wall, _ = asyncio.run(stream_tokens(sidecar.url, [], 1, max_tokens))
+                steady = [asyncio.run(stream_tokens(sidecar.url, [], 1, max_tokens))[1] for _ in range(7)]
+                results["cold_start"] = {"first_after_ready_s": first_wall, "steady_p50_s": statistics.median(steady),
+                                         "ratio": first_wall / statistics.median(steady)}
+                print(f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
+                      flush=True)
+                targets = (("direct", engine.url, engine_auth), ("nginx", f"http://127.0.0.1:{nginx_port}", engine_auth),
+                           ("sidecar", sidecar.url, []))
+                for streams in (1, 16):
+                    totals = {name: [0, 0.0] for name, _, _ in targets}
+                    for r in range(rounds):
+                        # Alternating rounds, the order rotated each round: drift and position in the
+                        # round hit every target alike.
+                        for name, base, headers in targets[r % 3:] + targets[:r % 3]:
+                            tokens, wall, _ = asyncio.run(stream_tokens(base, headers, streams, max_tokens))
+                            totals[name][0] += tokens
+                            totals[name][1] += wall
+                    row = {name: t / w for name, (t, w) in totals.items()}
+                    row["ratio"] = row["sidecar"] / row["direct"]
+                    row["nginx_ratio"] = row["nginx"] / row["direct"]
+                    results["streams"][str(streams)] = row
+                    print(f"B {streams:>2} streams: direct {row['direct']:.1f} tok/s, nginx {row['nginx']:.1f} "
+                          f"({100 * row['nginx_ratio']:.1f}%), sidecar {row['sidecar']:.1f} ({100 * row['ratio']:.1f}%)",
+                          flush=True)
+        finally:
+            procs.stop(nginx, timeout_s=5)
     return results
 
 
@@ -248,9 +292,11 @@ def report(a: dict | None, b: dict | None) -> str:
         lines.append("")
     if b:
         lines += ["## Workload B: real vLLM CPU engine, tiny stand-in", "",
-                  "| streams | direct tok/s | through sidecar tok/s | ratio |", "|---|---|---|---|"]
+                  "| streams | direct tok/s | through nginx tok/s | nginx ratio | through sidecar tok/s | sidecar ratio |",
+                  "|---|---|---|---|---|---|"]
         for streams, row in b["streams"].items():
-            lines.append(f"| {streams} | {row['direct']:.1f} | {row['sidecar']:.1f} | {100 * row['ratio']:.1f}% |")
+            lines.append(f"| {streams} | {row['direct']:.1f} | {row['nginx']:.1f} | {100 * row['nginx_ratio']:.1f}% "
+                         f"| {row['sidecar']:.1f} | {100 * row['ratio']:.1f}% |")
         cold = b["cold_start"]
         lines += ["", f"First request after /ready: {cold['first_after_ready_s']:.3f} s; steady-state p50 "
                       f"{cold['steady_p50_s']:.3f} s; ratio {cold['ratio']:.2f} (target ≤ 1.2).", ""]
@@ -268,7 +314,7 @@ def main() -> int:
     parser.add_argument("--workload", choices=["A", "B", "all"], default="all")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
     parser.add_argument("--concurrency", default="1,32,256")
-    parser.add_argument("--rounds", type=int, default=3, help="workload B: alternating rounds per point")
+    parser.add_argument("--rounds", type=int, default=6, help="workload B: alternating rounds per point")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()

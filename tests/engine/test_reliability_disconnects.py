@@ -67,11 +67,11 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
            threads=[idle.threads] + [u.threads for u in after],
            rss_mb=[round(idle.rss_mb, 1)] + [round(u.rss_mb, 1) for u in after],
            seen_as_gone_499=sidecar_metric(sidecar.url, 'palmyra_requests_total{route="completions",status="499"}'))
-    # Engine connections: the health poll (every 0.2 s) keeps rotating through the keep-alive pool,
-    # so its size wanders with timing (not a leak: it never holds more than the streams that
-    # finished, and round after round it does not add up). Every other descriptor (client
-    # sockets, files) returns to the idle count exactly.
-    assert all(u.engine_conns <= idle.engine_conns + STREAMS // 2 for u in after), after
+    # Engine connections: the relay's pool is its own (the health poll does not keep it warm), so
+    # once vLLM's keep-alive has closed what the rounds left idle, the count is back to the idle
+    # one (the control-plane session's), give or take the one a poll may be opening. Every other
+    # descriptor (client sockets, files) returns to the idle count exactly.
+    assert all(u.engine_conns <= idle.engine_conns + 1 for u in after), after
     assert all(abs((u.fds - u.engine_conns) - (idle.fds - idle.engine_conns)) <= 1 for u in after), after
     assert all(u.threads <= idle.threads + 1 for u in after), after
     assert sidecar_metric(sidecar.url, "palmyra_in_flight_requests") == 0
