@@ -108,18 +108,24 @@ async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> f
     events = 0
     remaining = total
 
+    async def one(record: bool) -> None:
+        nonlocal events
+        t0 = time.perf_counter()
+        resp = await pool.request("POST", b"/v1/completions", headers, body)
+        data = await resp.read_some()
+        if record:
+            ttfts.append(time.perf_counter() - t0)
+        while data:
+            events += data.count(b"data: ") if record else 0
+            data = await resp.read_some()
+        resp.release()
+
     async def worker() -> None:
-        nonlocal events, remaining
+        nonlocal remaining
+        await one(record=False)  # opens the keep-alive connection: steady state is measured, as with wrk
         while remaining > 0:
             remaining -= 1
-            t0 = time.perf_counter()
-            resp = await pool.request("POST", b"/v1/completions", headers, body)
-            data = await resp.read_some()
-            ttfts.append(time.perf_counter() - t0)
-            while data:
-                events += data.count(b"data: ")
-                data = await resp.read_some()
-            resp.release()
+            await one(record=True)
     await asyncio.gather(*(worker() for _ in range(conns)))
     pool.close()
     return events / total
@@ -131,7 +137,7 @@ def ttft_rounds(urls: dict[str, str], conns: int, rounds: int) -> dict[str, dict
     chunks: dict[str, float] = {}
     for _ in range(rounds):
         for name, url in urls.items():
-            chunks[name] = asyncio.run(ttft_probe(url, conns, max(100, conns * 2), samples[name]))
+            chunks[name] = asyncio.run(ttft_probe(url, conns, max(1000, conns * 8), samples[name]))
     out = {}
     for name, ttfts in samples.items():
         ttfts.sort()
