@@ -94,3 +94,23 @@ def test_client_disconnect_makes_the_engine_abort(sidecar_server, engine_server)
     generated = engine_gauge(engine_server, "vllm:generation_tokens_total")
     time.sleep(1)
     assert engine_gauge(engine_server, "vllm:generation_tokens_total") == generated  # nothing more generated
+
+
+def test_client_disconnect_aborts_a_non_streamed_generation_in_the_engine(sidecar_server, engine_server):
+    # Nothing comes back until a non-streamed generation is finished, so only the sidecar noticing
+    # the socket close can stop it. 1500 tokens take several seconds on the tiny engine.
+    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 1500, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", sidecar_server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 10
+        while engine_gauge(engine_server, "vllm:num_requests_running") != 1:
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.05)
+    left = time.monotonic()
+    while engine_gauge(engine_server, "vllm:num_requests_running") != 0:
+        assert time.monotonic() - left < 3, "the engine kept generating for a client that left"
+        time.sleep(0.05)
+    generated = engine_gauge(engine_server, "vllm:generation_tokens_total")
+    time.sleep(1)
+    assert engine_gauge(engine_server, "vllm:generation_tokens_total") == generated  # nothing more generated
