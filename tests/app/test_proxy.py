@@ -8,7 +8,7 @@ import time
 
 
 from helpers import procs
-from helpers.api import assert_openai_error, completion
+from helpers.api import assert_openai_error, completion, raw_json_post
 
 
 def test_non_streaming_completion_is_relayed_with_request_id(sidecar, engine, client):
@@ -92,14 +92,8 @@ def test_engine_dying_mid_stream_ends_with_error_event(sidecar, client):
     assert 'palmyra_upstream_errors_total{kind="stream_interrupted"} 1.0' in metrics
 
 
-def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
-    before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
-    body = json.dumps(completion("fake:slow", max_tokens=50, stream=True)).encode()
-    with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        assert b"200 OK" in sock.recv(4096)
-    # The socket is closed after the first chunk; the fake engine must see its stream cut soon.
+def assert_one_more_abort(client, engine, before: int) -> None:
+    """The fake engine counts one more generation cut by its caller within 5 s."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         stats = client.get(f"{engine.url}/fake/stats").json()
@@ -107,6 +101,15 @@ def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
             break
         time.sleep(0.1)
     assert stats["aborted"] == before + 1, stats
+
+
+def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
+    before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
+    with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
+        sock.sendall(raw_json_post("/v1/completions", completion("fake:slow", max_tokens=50, stream=True)))
+        assert b"200 OK" in sock.recv(4096)
+    # The socket is closed after the first chunk; the fake engine must see its stream cut soon.
+    assert_one_more_abort(client, engine, before)
     metrics = client.get(f"{sidecar.url}/metrics").text
     assert 'palmyra_requests_total{route="completions",status="499"} 1.0' in metrics
     assert "palmyra_in_flight_requests 0.0" in metrics
@@ -114,18 +117,10 @@ def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
 
 def test_client_disconnect_aborts_a_non_streamed_generation_before_any_byte_came_back(sidecar, engine, client):
     before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
-    body = json.dumps(completion("fake:hang", max_tokens=5)).encode()
     with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(raw_json_post("/v1/completions", completion("fake:hang", max_tokens=5)))
         time.sleep(0.5)  # the engine holds the request; nothing has been answered yet
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        stats = client.get(f"{engine.url}/fake/stats").json()
-        if stats["aborted"] > before:
-            break
-        time.sleep(0.1)
-    assert stats["aborted"] == before + 1, stats
+    assert_one_more_abort(client, engine, before)
     metrics = client.get(f"{sidecar.url}/metrics").text
     assert "palmyra_in_flight_requests 0.0" in metrics
 

@@ -13,10 +13,16 @@ import httpx
 import openai
 import pytest
 
+from helpers.api import raw_json_post
+
 
 @pytest.fixture(scope="module")
 def sdk(sidecar_server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{sidecar_server.url}/v1", api_key="unused", max_retries=0)
+
+
+# Long enough to still be generating when the client leaves; within the engine's max-model-len.
+LONG_GENERATION = {"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 1500, "ignore_eos": True}
 
 
 def engine_gauge(engine_server, name: str) -> float:
@@ -75,12 +81,8 @@ def test_curl_completion_and_request_id(sidecar_server):
 
 
 def test_client_disconnect_makes_the_engine_abort(sidecar_server, engine_server):
-    # Long enough to still be generating when the client leaves; within the engine's max-model-len.
-    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 1500, "ignore_eos": True,
-                       "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", sidecar_server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(raw_json_post("/v1/completions", {**LONG_GENERATION, "stream": True}))
         received = b""
         while received.count(b"data: ") < 5:
             chunk = sock.recv(65536)
@@ -98,11 +100,9 @@ def test_client_disconnect_makes_the_engine_abort(sidecar_server, engine_server)
 
 def test_client_disconnect_aborts_a_non_streamed_generation_in_the_engine(sidecar_server, engine_server):
     # Nothing comes back until a non-streamed generation is finished, so only the sidecar noticing
-    # the socket close can stop it. 1500 tokens take several seconds on the tiny engine.
-    body = json.dumps({"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 1500, "ignore_eos": True}).encode()
+    # the socket close can stop it.
     with socket.create_connection(("127.0.0.1", sidecar_server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(raw_json_post("/v1/completions", LONG_GENERATION))
         deadline = time.monotonic() + 10
         while engine_gauge(engine_server, "vllm:num_requests_running") != 1:
             assert time.monotonic() < deadline, "the generation never started"

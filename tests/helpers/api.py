@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 
@@ -17,3 +19,10 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
     if code is not None:
         assert err["code"] == code
     return err
+
+
+def raw_json_post(path: str, payload: dict) -> bytes:
+    """A whole HTTP/1.1 POST as bytes, for tests that hold the socket themselves (to cut it)."""
+    body = json.dumps(payload).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body

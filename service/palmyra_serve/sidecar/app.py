@@ -22,8 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission import Admission
-from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes

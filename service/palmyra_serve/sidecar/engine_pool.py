@@ -58,6 +58,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        self.wait_since = 0.0
+        self.silence_timer: asyncio.TimerHandle | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -126,19 +128,28 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _timed_out(self) -> None:
+    def _check_silence(self, timeout_s: float) -> None:
+        self.silence_timer = None
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
+        if waiter is None or waiter.done():
+            return  # not waiting now: the next wait arms a new check
+        quiet = self.loop.time() - self.wait_since
+        if quiet >= timeout_s:
             waiter.set_exception(UpstreamTimeout("the engine was silent for longer than the read timeout"))
+        else:
+            self.silence_timer = self.loop.call_later(timeout_s - quiet, self._check_silence, timeout_s)
 
     async def wait(self, timeout_s: float) -> None:
         """Until the next read, the end of the response, an error, or timeout_s of silence."""
         self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout_s, self._timed_out)
+        self.wait_since = self.loop.time()
+        # One timer outlives many waits and re-arms for what is left of the current one, instead
+        # of a timer armed and cancelled for every chunk a stream relays.
+        if self.silence_timer is None:
+            self.silence_timer = self.loop.call_later(timeout_s, self._check_silence, timeout_s)
         try:
             await self.waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
     def take_body(self) -> bytes:
@@ -153,6 +164,9 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.closed = True
+        if self.silence_timer is not None:
+            self.silence_timer.cancel()
+            self.silence_timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -190,10 +204,6 @@ class EngineResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    def close(self) -> None:
-        """Drop the connection now: the engine sees the client go and aborts the generation."""
-        self._conn.abort()
-
     def release(self) -> None:
         """Back to the pool when the response was read to its end on a reusable connection."""
         conn = self._conn
@@ -206,14 +216,14 @@ class EngineResponse:
 class EnginePool:
     def __init__(self, engine_url: str, connect_timeout_s: float, read_timeout_s: float) -> None:
         parts = urlsplit(engine_url)
-        self.tls = parts.scheme == "https"
+        tls = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.tls else 80)
+        self.port = parts.port or (443 if tls else 80)
         self.prefix = parts.path.rstrip("/").encode("latin-1")
         self.host_header = parts.netloc.encode("latin-1")
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        self._ssl = ssl.create_default_context() if self.tls else None
+        self._ssl = ssl.create_default_context() if tls else None
         self._idle: collections.deque[_Connection] = collections.deque()
 
     async def request(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
@@ -240,18 +250,13 @@ class EnginePool:
                     if conn.error is not None:
                         raise conn.error
                     await conn.wait(self.read_timeout_s)
-            except UpstreamTimeout:
+            except BaseException as exc:
                 conn.abort()
-                raise
-            except UpstreamError:
-                conn.abort()
-                # A kept-alive connection the engine closed just as it was reused: nothing was
-                # read, nothing was processed; send again on a fresh one.
-                if reused and not conn.got_bytes:
+                # A kept-alive connection the engine closed just as it was reused (a plain
+                # UpstreamError, not a timeout): nothing was read, nothing was processed; send
+                # again on a fresh one.
+                if reused and not conn.got_bytes and type(exc) is UpstreamError:
                     continue
-                raise
-            except BaseException:
-                conn.abort()
                 raise
             if head_only:  # no body follows, whatever the headers say; the connection is not reused
                 conn.complete = True

@@ -189,16 +189,12 @@ class Proxy:
         assert self.pool is not None
         try:
             return await self.pool.request(method, target, fwd, body)
-        except ConnectFailed:
-            self.metrics.upstream_errors.labels("connect").inc()
-            self.state.record_health(False, "refused")
-            raise errors.engine_unavailable(self.settings.retry_after_s) from None
-        except UpstreamTimeout:
-            self.metrics.upstream_errors.labels("timeout").inc()
-            raise errors.engine_timeout() from None
-        except UpstreamError:
-            self.metrics.upstream_errors.labels("protocol").inc()
-            raise errors.bad_upstream() from None
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.kind).inc()
+            if isinstance(exc, ConnectFailed):
+                self.state.record_health(False, "refused")
+                raise errors.engine_unavailable(self.settings.retry_after_s) from None
+            raise (errors.engine_timeout() if isinstance(exc, UpstreamTimeout) else errors.bad_upstream()) from None
 
     async def _relay_error(self, send: Any, resp: EngineResponse, rid: str) -> int:
         """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
