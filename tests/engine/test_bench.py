@@ -27,9 +27,15 @@ def test_bench_short_run(engine_server, tmp_path: Path) -> None:
             assert r[key]["n"] == 2 and 0 < r[key]["p50"] < 60
     # A longer prompt costs more prefill: the longest is slower than the shortest.
     assert doc["prefill"][-1]["latency_s"]["p50"] > doc["prefill"][0]["latency_s"]["p50"]
+    # Speedup and efficiency are the report's arithmetic on the p50s. Whether 4 streams beat 1 is
+    # vLLM's business, not bench's, and two 16-token samples on 2 shared cores once had 4 streams at
+    # 99.1 tok/s against 101.8 for 1: asserted in the benchmark's own runs, not here.
     thr = {r["concurrency"]: r for r in doc["throughput"]}
-    assert thr[4]["tokens_per_s"]["p50"] > thr[1]["tokens_per_s"]["p50"]
-    assert 0 < thr[4]["efficiency"] <= 1.5
+    for r in thr.values():
+        assert r["tokens_per_s"]["n"] == 2 and all(rate > 0 for rate in r["samples"])
+    speedup = thr[4]["tokens_per_s"]["p50"] / thr[1]["tokens_per_s"]["p50"]
+    assert thr[1]["speedup"] == 1 and abs(thr[4]["speedup"] - speedup) < 1e-9
+    assert abs(thr[4]["efficiency"] - speedup / 4) < 1e-9 and 0 < thr[4]["efficiency"] <= 1.5
     md = (out / "report.md").read_text()
     assert "5.4 Throughput vs concurrency" in md
     for png in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
