@@ -63,13 +63,17 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
         time.sleep(ENGINE_KEEP_ALIVE_S + 1.5)
         rounds.append((usage(pid, engine_port), settle_s))
     after = [u for u, _ in rounds]
+    cuts = ROUNDS * STREAMS // 2
+    gone = sidecar_metric(sidecar.url, 'palmyra_requests_total{route="completions",status="499"}')
+    tokens = sidecar_metric(sidecar.url, 'palmyra_output_tokens_total{route="completions"}')
+    whole, rest = divmod(tokens - tokens_before - ROUNDS * STREAMS // 2 * MAX_TOKENS, CUT_MAX_TOKENS)
     figure("client disconnects", streams_per_round=STREAMS, cut_per_round=STREAMS // 2, rounds=ROUNDS,
            engine_idle_after_s=[round(s, 2) for _, s in rounds],
            engine_conns=[idle.engine_conns] + [u.engine_conns for u in after],
            other_fds=[idle.fds - idle.engine_conns] + [u.fds - u.engine_conns for u in after],
            threads=[idle.threads] + [u.threads for u in after],
            rss_mb=[round(idle.rss_mb, 1)] + [round(u.rss_mb, 1) for u in after],
-           seen_as_gone_499=sidecar_metric(sidecar.url, 'palmyra_requests_total{route="completions",status="499"}'))
+           cut_seen_as_gone_499=gone, cut_but_delivered_whole=whole)
     # Engine connections: the relay's pool is its own (the health poll does not keep it warm), so
     # once vLLM's keep-alive has closed what the rounds left idle, the count is back to the idle
     # one (the control-plane session's), give or take the one a poll may be opening. Every other
@@ -84,10 +88,6 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
     # for seconds (the client read its first event up to 11 s after the sidecar sent it), long enough
     # for a whole stream; nothing was generated for nobody then. The token count tells the two apart:
     # a stream the relay kept feeding after the close was seen, or one cut short, would not add up.
-    cuts = ROUNDS * STREAMS // 2
-    gone = sidecar_metric(sidecar.url, 'palmyra_requests_total{route="completions",status="499"}')
-    tokens = sidecar_metric(sidecar.url, 'palmyra_output_tokens_total{route="completions"}')
-    whole, rest = divmod(tokens - tokens_before - ROUNDS * STREAMS // 2 * MAX_TOKENS, CUT_MAX_TOKENS)
     assert rest == 0 and gone + whole == cuts, (gone, whole, rest)
     # ... and the abort path is what most of them took (with the relay not noticing gone clients,
     # every one would be whole).
