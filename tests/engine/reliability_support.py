@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
+from helpers.api import HTTP, plain_client
 
 MODEL = "palmyra-mini"
 
@@ -54,7 +55,7 @@ def long_stream(max_tokens: int = 1500) -> dict:
 
 
 def engine_gauge(engine_url: str, name: str) -> float:
-    text = httpx.get(f"{engine_url}/metrics", timeout=5).text
+    text = HTTP.get(f"{engine_url}/metrics", timeout=5).text
     values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)]
     assert values, f"{name} missing from the engine's /metrics"
     return sum(values)
@@ -62,7 +63,7 @@ def engine_gauge(engine_url: str, name: str) -> float:
 
 def sidecar_metric(sidecar_url: str, line_prefix: str) -> float:
     """Sum of the sidecar's samples whose line starts with line_prefix (name plus optional labels)."""
-    text = httpx.get(f"{sidecar_url}/metrics", timeout=5).text
+    text = HTTP.get(f"{sidecar_url}/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_prefix))
 
 
@@ -93,12 +94,12 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str =
 
 
 def ready(url: str) -> bool:
-    return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+    return HTTP.get(f"{url}/ready", timeout=2).status_code == 200
 
 
 def generate_ok(url: str, headers: dict[str, str] | None = None) -> bool:
     """One real generation through url: the engine still works."""
-    resp = httpx.post(f"{url}/v1/completions", json=completion(max_tokens=4), headers=headers, timeout=60)
+    resp = HTTP.post(f"{url}/v1/completions", json=completion(max_tokens=4), headers=headers, timeout=60)
     return resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
 
 
@@ -149,7 +150,7 @@ class StreamThread(threading.Thread):
     def run(self) -> None:
         r = self.result
         try:
-            with httpx.Client(timeout=self.timeout_s) as client, client.stream(
+            with plain_client(timeout=self.timeout_s) as client, client.stream(
                     "POST", f"{self.url}/v1/completions", json=self.payload, headers=self.headers) as resp:
                 r.status = resp.status_code
                 for line in resp.iter_lines():
@@ -220,7 +221,7 @@ class TransitionWatcher(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        with httpx.Client(timeout=2) as client:
+        with plain_client(timeout=2) as client:
             while not self._halt.is_set():
                 now = time.monotonic()
                 try:

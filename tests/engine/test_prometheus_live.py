@@ -23,6 +23,7 @@ import yaml
 
 from helpers import procs
 from helpers.waiting import wait_until
+from helpers.api import plain_client
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -87,7 +88,7 @@ def live_prometheus(engine_server, sidecar_server, dead_sidecar):
 
 def _client(sidecar) -> httpx.Client:
     headers = {"Authorization": f"Bearer {sidecar.api_key}"} if getattr(sidecar, "api_key", None) else {}
-    return httpx.Client(base_url=sidecar.url, headers=headers, timeout=httpx.Timeout(180.0, connect=10.0))
+    return plain_client(base_url=sidecar.url, headers=headers, timeout=httpx.Timeout(180.0, connect=10.0))
 
 
 LONG_PROMPT = "Palmyra serves text on Ascend NPUs and on CPUs alike. " * 24  # a few hundred tokens, reused: prefix-cache hits

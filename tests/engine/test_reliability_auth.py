@@ -12,6 +12,7 @@ import pytest
 
 from helpers import procs
 from reliability_support import FAST, completion, figure
+from helpers.api import plain_client
 
 KEY_A = "sk-palmyra-" + secrets.token_hex(16)
 KEY_B = "sk-palmyra-" + secrets.token_hex(16)
@@ -51,7 +52,7 @@ def call(client: httpx.Client, url: str, method: str, path: str, body: dict | No
 
 def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
     refused = 0
-    with httpx.Client(timeout=30) as client:
+    with plain_client(timeout=30) as client:
         for what, auth in BAD_AUTH.items():
             for method, path, body in ROUTES:
                 resp = call(client, sidecar.url, method, path, body, auth)
@@ -74,7 +75,7 @@ def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
 
 
 def test_keys_never_appear_in_logs_or_metrics(sidecar):
-    with httpx.Client(timeout=30) as client:
+    with plain_client(timeout=30) as client:
         for key in (KEY_A, KEY_B):
             call(client, sidecar.url, "POST", "/v1/completions", completion(max_tokens=1), f"Bearer {key}")
             call(client, sidecar.url, "POST", "/v1/completions", completion(max_tokens=1), f"Bearer {key[:-2]}")

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import procs
 from reliability_support import FAST, MODEL, completion, figure, generate_ok
+from helpers.api import HTTP
 
 BODY_LIMIT = 64 * 1024
 READ_TIMEOUT_S = 2.0
@@ -79,7 +80,7 @@ def openai_error(resp: httpx.Response) -> dict | None:
 @pytest.mark.parametrize("name, path, body", [
     pytest.param(*case, id=case[0]) for case in CASES])
 def test_bad_request_gets_an_openai_shaped_4xx(sidecar, name, path, body):
-    resp = httpx.post(f"{sidecar.url}{path}", content=body, headers=JSON, timeout=60)
+    resp = HTTP.post(f"{sidecar.url}{path}", content=body, headers=JSON, timeout=60)
     print(f"  {name}: {resp.status_code} {resp.text[:160]}")
     RESULTS.append((name, resp.status_code, 400 <= resp.status_code < 500 and openai_error(resp) is not None))
     assert 400 <= resp.status_code < 500, resp.text[:300]
@@ -89,7 +90,7 @@ def test_bad_request_gets_an_openai_shaped_4xx(sidecar, name, path, body):
 def test_oversized_chunked_body_is_refused_with_413(sidecar):
     """No Content-Length to refuse up front: the limit is enforced while reading."""
     chunks = (b"x" * 16384 for _ in range(BODY_LIMIT // 16384 + 2))
-    resp = httpx.post(f"{sidecar.url}{COMPL}", content=chunks, headers=JSON, timeout=60)
+    resp = HTTP.post(f"{sidecar.url}{COMPL}", content=chunks, headers=JSON, timeout=60)
     RESULTS.append(("oversized chunked body", resp.status_code, resp.status_code == 413))
     assert resp.status_code == 413 and openai_error(resp)["code"] == "request_too_large"
 
@@ -156,6 +157,6 @@ def test_engine_still_generates_after_the_abuse(sidecar, engine_server):
     bad = [f"{n} -> {s}" for n, s, ok in RESULTS if not ok]
     figure("bad input", cases=len(RESULTS), clear_4xx=len(RESULTS) - len(bad), not_ok=bad)
     assert generate_ok(sidecar.url)
-    assert httpx.get(f"{engine_server.url}/health", timeout=5).status_code == 200
-    data = httpx.get(f"{sidecar.url}/v1/models", timeout=10).json()["data"]
+    assert HTTP.get(f"{engine_server.url}/health", timeout=5).status_code == 200
+    data = HTTP.get(f"{sidecar.url}/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in data] == [MODEL]

@@ -14,11 +14,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from helpers import procs
+from helpers.api import HTTP
 from reliability_support import (FAST, TransitionWatcher, completion, engine_core, figure, generate_ok,
                                  long_stream, ready, start_streams, wait_until)
 
@@ -82,7 +82,7 @@ def sidecar(engine: RestartableEngine, log_dir) -> Iterator[procs.Server]:
 
 
 def liveness(url: str) -> tuple[int, dict]:
-    resp = httpx.get(f"{url}/health", timeout=2)
+    resp = HTTP.get(f"{url}/health", timeout=2)
     return resp.status_code, resp.json()
 
 
@@ -115,7 +115,7 @@ def recover(engine: RestartableEngine, sidecar: procs.Server) -> dict:
     t0 = time.monotonic()
     ready_after_s = wait_until(lambda: ready(sidecar.url), 120, 0.2, "sidecar ready after the engine restart")
     assert sidecar.proc.poll() is None, "the sidecar must not have restarted"
-    body = httpx.get(f"{sidecar.url}/ready", timeout=2).json()
+    body = HTTP.get(f"{sidecar.url}/ready", timeout=2).json()
     assert body["progress"]["done"] == body["progress"]["total"] > 0
     assert generate_ok(sidecar.url)
     return {"engine_restart_s": round(engine_start_s, 1), "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
@@ -131,7 +131,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
     os.killpg(engine.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        resp = httpx.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
+        resp = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
         request_s = time.monotonic() - t0
         assert resp.status_code == 504 and resp.json()["error"]["code"] == "engine_timeout", resp.text
         assert request_s <= READ_TIMEOUT_S + 1.0
@@ -193,7 +193,7 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
     assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
     status, body = liveness(sidecar.url)
     assert status == 503 and body["status"] == "engine_dead", body
-    during = httpx.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
+    during = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
     assert during.status_code >= 500 and during.json()["error"]["message"], during.text
     if target == "process-group":
         assert during.status_code == 503 and during.headers.get("retry-after"), during.text

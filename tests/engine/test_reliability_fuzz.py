@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import time
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -21,6 +20,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from reliability_support import figure, generate_ok
+from helpers.api import HTTP
 
 CASE_TIMEOUT_S = 30.0
 TOKEN_CAP, N_CAP = 16, 2
@@ -78,8 +78,8 @@ def check(sidecar_server, engine_server, max_examples: int, label: str) -> None:
     for failure in failures[:20]:
         print("  " + failure)
     assert sidecar_server.proc.poll() is None, "the sidecar crashed"
-    assert httpx.get(f"{engine_server.url}/health", timeout=5).status_code == 200
-    assert httpx.get(f"{sidecar_server.url}/ready", timeout=5).status_code == 200
+    assert HTTP.get(f"{engine_server.url}/health", timeout=5).status_code == 200
+    assert HTTP.get(f"{sidecar_server.url}/ready", timeout=5).status_code == 200
     assert generate_ok(sidecar_server.url)
     assert sum(seen.values()) > 300, "too few cases reached the server for this to mean anything"
     assert not failures

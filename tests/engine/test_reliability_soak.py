@@ -17,6 +17,7 @@ import pytest
 
 from helpers import procs
 from reliability_support import FAST, MODEL, StreamThread, completion, figure, generate_ok, long_stream, usage
+from helpers.api import plain_client
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4
@@ -36,7 +37,7 @@ def traffic(url: str, stop: threading.Event, seen: Counter, seed: int) -> None:
     """One worker: a random mix of the request shapes clients send, including rude ones."""
     rnd = random.Random(seed)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12}
-    with httpx.Client(timeout=60) as client:
+    with plain_client(timeout=60) as client:
         while not stop.is_set():
             kind = rnd.choice(["completion", "stream", "chat", "chat-stream", "models", "cut", "bad", "tokenize"])
             try:

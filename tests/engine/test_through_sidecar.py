@@ -9,11 +9,10 @@ import socket
 import subprocess
 import time
 
-import httpx
 import openai
 import pytest
 
-from helpers.api import raw_json_post
+from helpers.api import HTTP, raw_json_post
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +30,14 @@ ATTEMPTS = 3
 
 
 def engine_gauge(engine_server, name: str) -> float:
-    text = httpx.get(f"{engine_server.url}/metrics", timeout=5).text
+    text = HTTP.get(f"{engine_server.url}/metrics", timeout=5).text
     values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)]
     assert values, f"{name} missing from the engine's /metrics"
     return sum(values)
 
 
 def test_ready_reports_the_random_stand_in(sidecar_server):
-    body = httpx.get(f"{sidecar_server.url}/ready", timeout=5).json()
+    body = HTTP.get(f"{sidecar_server.url}/ready", timeout=5).json()
     assert body["ready"] is True and body["weights"] == "random-stand-in"
     assert body["progress"]["done"] == body["progress"]["total"] >= 6
 

@@ -7,10 +7,10 @@ import signal
 import subprocess
 import time
 
-import httpx
 import psutil
 
 from helpers import procs
+from helpers.api import HTTP
 
 
 def test_up_serves_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
@@ -29,11 +29,11 @@ def test_up_serves_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
             time.sleep(1)
         out = log_path.read_text()
         assert f"http://127.0.0.1:{port}" in out and "curl " in out
-        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        resp = HTTP.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                           json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
         # The engine's /v1 is guarded by the generated pod-local key: only the sidecar gets in.
-        assert httpx.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=5).status_code == 401
+        assert HTTP.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=5).status_code == 401
         family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         family += [p.pid for p in psutil.process_iter(["cmdline"])
                    if str(engine_port) in " ".join(p.info["cmdline"] or [])]
