@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
+
 from helpers.api import HTTP, plain_client
 
 MODEL = "palmyra-mini"

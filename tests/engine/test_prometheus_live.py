@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from helpers import procs
-from helpers.waiting import wait_until
 from helpers.api import plain_client
+from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"

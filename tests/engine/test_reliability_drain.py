@@ -7,10 +7,9 @@ from __future__ import annotations
 import signal
 import time
 
-
 from helpers import procs
-from reliability_support import FAST, figure, long_stream, start_streams, wait_until
 from helpers.api import HTTP
+from reliability_support import FAST, figure, long_stream, start_streams, wait_until
 
 STREAMS = 6
 MAX_TOKENS = 800  # seconds for 6 streams on the CPU engine: all still running at SIGTERM

@@ -12,11 +12,11 @@ import httpx
 # (12.7 s of run-queue wait for 0.015 s of CPU, /proc/self/schedstat), which stalled test clients
 # long enough to miss what they were watching. Without verification a client costs 0.2 ms.
 # No keep-alive on the shared one, so it holds no connection between calls (as httpx.get did).
-HTTP = httpx.Client(verify=False, limits=httpx.Limits(max_keepalive_connections=0))
-
-
 def plain_client(**kwargs) -> httpx.Client:
     return httpx.Client(verify=False, **kwargs)
+
+
+HTTP = plain_client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def completion(prompt: str = "hi", **extra) -> dict:
