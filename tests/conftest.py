@@ -1,4 +1,4 @@
-"""Shared test plumbing: tier markers by directory, paths to the shared fixtures and schemas."""
+"""Shared test plumbing: tier markers by directory, the path to the vendored test data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# Published schemas and recorded fixtures, vendored with their provenance (tests/data/README.md):
+# a clone passes its tests with nothing beside it.
+DATA = REPO / "tests" / "data"
 TIERS = ("unit", "app", "static", "engine", "container")
 
 
@@ -28,6 +30,6 @@ def repo() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    assert SHARED.is_dir(), f"{SHARED} missing: tests read ../shared/fixtures and ../shared/schemas in place"
-    return SHARED
+def data_dir() -> Path:
+    assert DATA.is_dir(), f"{DATA} missing: the vendored test data ships with the repository"
+    return DATA

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Writes the Grafana dashboards in monitoring/grafana/dashboards/ (the JSON files are committed).
+"""Writes the Grafana dashboards in monitoring/grafana/dashboards/ (the JSON files are committed),
+and the same bytes into k8s/monitoring/dashboards/ for the Kubernetes monitoring component.
 
     python3 monitoring/grafana/generate_dashboards.py          # rewrite the JSON files
-    python3 monitoring/grafana/generate_dashboards.py --check  # exit 1 if they differ
+    python3 monitoring/grafana/generate_dashboards.py --check  # exit 1 if any copy differs
 
 Why a generator: three dashboards share the datasource variable, panel boilerplate and layout,
 and hand-edited Grafana JSON drifts. tests/static/test_monitoring.py proves the committed JSON
-equals this script's output. Standard library only.
+equals this script's output, tests/static/test_k8s_monitoring.py the k8s copies. Standard library
+only.
+
+Why two copies: kustomize loads files only from inside a kustomization's root unless every user
+passes `--load-restrictor LoadRestrictionsNone` (which `kubectl apply -k`, Argo CD and Flux do not
+by default), so the k8s component cannot read monitoring/ in place. This script stays the one
+source: both directories are its output, and --check (run by the tests) fails on either drifting.
 
 Rules every query here follows (the tests check them): the datasource is the `datasource`
 variable, never a fixed uid; nothing fills missing data in (no `or vector(0)`): an empty panel
@@ -20,6 +27,10 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards"
+# Inside the monitoring component's kustomization root (see the docstring).
+REPO = Path(__file__).resolve().parents[2]
+K8S_OUT = REPO / "k8s" / "monitoring" / "dashboards"
+OUT_DIRS = (OUT, K8S_OUT)
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 LLM_ROUTES = 'route=~"completions|chat_completions"'
@@ -301,12 +312,14 @@ def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
     for name, build in DASHBOARDS.items():
-        path, text = OUT / name, render(build)
-        if check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
+        text = render(build)
+        for path in (out / name for out in OUT_DIRS):
+            if check:
+                if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                    stale.append(str(path.relative_to(REPO)))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
     if stale:
         print("out of date (run generate_dashboards.py):", ", ".join(stale), file=sys.stderr)
     return 1 if stale else 0

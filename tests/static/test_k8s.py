@@ -1,6 +1,8 @@
-"""Kubernetes manifests (k8s/): every overlay renders with kubectl's kustomize, validates against
-the Kubernetes schemas (built-in kinds) and the published CRDs (KEDA, Prometheus operator), passes
-yamllint, and the rendered pod spec says what DESIGN.md's health and shutdown semantics need.
+"""Kubernetes manifests (k8s/): every overlay renders with plain `kubectl kustomize` (no
+load-restrictor flag, so `kubectl apply -k` and GitOps tools work), validates against the
+Kubernetes schemas (built-in kinds) and the published CRDs (KEDA, Prometheus operator; vendored in
+tests/data/schemas/crds), passes yamllint, and the rendered pod spec says what DESIGN.md's health
+and shutdown semantics need.
 
 Monitoring and autoscaling objects are checked in test_k8s_monitoring.py, which reuses render().
 """
@@ -23,8 +25,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-# The same flag the README gives users: the monitoring component reads ../monitoring files.
-KUSTOMIZE = ["kubectl", "kustomize", "--load-restrictor", "LoadRestrictionsNone"]
+# Exactly the command the READMEs give users, with kustomize's default load restrictor: no
+# overlay or component may read a file outside its own kustomization root.
+KUSTOMIZE = ["kubectl", "kustomize"]
 
 # overlay -> the accelerator resources its engine asks for (limits), and nothing else.
 OVERLAYS: dict[str, dict[str, int]] = {
@@ -146,10 +149,10 @@ def _strict(schema: object) -> object:
 
 
 @pytest.fixture(scope="session")
-def crd_validators(shared_dir: Path) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
-    """(apiVersion, kind) -> validator, from the CRDs in ../shared/schemas/crds (read in place)."""
+def crd_validators(data_dir: Path) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
+    """(apiVersion, kind) -> validator, from the CRDs vendored in tests/data/schemas/crds."""
     validators = {}
-    for path in sorted((shared_dir / "schemas" / "crds").glob("*.yaml")):
+    for path in sorted((data_dir / "schemas" / "crds").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text(encoding="utf-8"))
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
@@ -169,9 +172,9 @@ def _is_builtin(obj: dict) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("overlay", "components"), TARGETS, ids=TARGET_IDS)
-def test_objects_validate_against_kubernetes_and_crd_schemas(overlay, components, crd_validators):
-    objects = render(overlay, components)
+def assert_valid(objects: list[dict], crd_validators: dict) -> None:
+    """Every object is valid for the oldest and newest Kubernetes claimed (built-in kinds) or
+    for its CRD (custom kinds); a custom kind without a vendored CRD is an error."""
     for obj in objects:
         label = f"{obj['kind']}/{obj['metadata']['name']}"
         if _is_builtin(obj):
@@ -185,6 +188,35 @@ def test_objects_validate_against_kubernetes_and_crd_schemas(overlay, components
             assert key in crd_validators, f"{label}: no schema to validate {key} against"
             errors = [f"{e.message} at {list(e.path)}" for e in crd_validators[key].iter_errors(obj)]
             assert not errors, f"{label} violates its CRD: {errors}"
+
+
+@pytest.mark.parametrize(("overlay", "components"), TARGETS, ids=TARGET_IDS)
+def test_objects_validate_against_kubernetes_and_crd_schemas(overlay, components, crd_validators):
+    assert_valid(render(overlay, components), crd_validators)
+
+
+def discovered_overlays() -> list[str]:
+    return sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+@pytest.mark.parametrize("overlay", discovered_overlays())
+def test_every_overlay_renders_with_plain_kubectl_kustomize(overlay, crd_validators):
+    """Exactly what a user, `kubectl apply -k` and Argo CD/Flux run: `kubectl kustomize DIR`
+    with kustomize's default load restrictor, from the repository root. A file loaded from
+    outside a kustomization root (the dashboards once were) fails here."""
+    _kubectl()
+    command = ["kubectl", "kustomize", f"k8s/overlays/{overlay}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr}"
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert one(objects, "Deployment", "palmyra-serve")
+    assert_valid(objects, crd_validators)
+
+
+def test_every_overlay_is_covered_by_the_per_overlay_checks():
+    """The per-overlay tables above (accelerator resources, engine image) list every overlay
+    on disk, so a new overlay cannot skip the pod checks."""
+    assert discovered_overlays() == sorted(OVERLAYS)
 
 
 def test_crd_validation_rejects_a_misspelled_field(crd_validators):

@@ -1,6 +1,7 @@
 """Monitoring and autoscaling objects of k8s/: the PrometheusRule is the Compose rules file,
-dashboards are the Compose dashboard files, monitors scrape the ports and jobs the rules expect,
-and exactly one autoscaler scales on a metric the engine really exports."""
+dashboards are the Compose dashboard files (the generator writes both copies; the k8s one lives
+inside the component's root so plain kustomize loads it), monitors scrape the ports and jobs the
+rules expect, and exactly one autoscaler scales on a metric the engine really exports."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, container, one, p
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
+K8S_DASHBOARDS = K8S / "monitoring" / "dashboards"
 MONITORED = [name for name in OVERLAYS if name != "cpu"]  # overlays that ship the monitoring component
 # vLLM metric names exported by the two pinned engines (contract; vLLM 0.18 on Ascend, 0.32 on
 # CPU). The autoscaler may only use names from here.
@@ -33,11 +35,19 @@ METRIC_NAME = re.compile(r"\b(vllm:[a-z_]+)")
 JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
+def _load(name: str, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _generator():
+    return _load("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
+
+
+def _dashboard_generator():
+    return _load("k8s_generate_dashboards", REPO / "monitoring" / "grafana" / "generate_dashboards.py")
 
 
 def _rules() -> dict:
@@ -79,12 +89,40 @@ def test_generator_check_mode_detects_a_stale_file(tmp_path, monkeypatch):
 # --- dashboards ----------------------------------------------------------------------------
 
 def test_every_dashboard_file_is_generated_into_a_configmap():
-    kustomization = yaml.safe_load((K8S / "monitoring" / "kustomization.yaml").read_text(encoding="utf-8"))
+    """Every generated dashboard becomes a ConfigMap, read from the copy inside the component's
+    root (kustomize's default load restrictor refuses ../../monitoring)."""
+    root = (K8S / "monitoring").resolve()
+    kustomization = yaml.safe_load((root / "kustomization.yaml").read_text(encoding="utf-8"))
     listed = {
-        (K8S / "monitoring" / f.split("=", 1)[-1]).resolve()
+        (root / f.split("=", 1)[-1]).resolve()
         for gen in kustomization.get("configMapGenerator", []) for f in gen.get("files", [])
     }
-    assert listed == {p.resolve() for p in DASHBOARDS.glob("*.json")}
+    assert all(path.is_relative_to(root) for path in listed), f"files outside {root}: {sorted(listed)}"
+    assert {p.name for p in listed} == {p.name for p in DASHBOARDS.glob("*.json")}
+    assert {p.name for p in listed} == set(_dashboard_generator().DASHBOARDS)
+
+
+def test_k8s_dashboard_copies_are_the_generators_output():
+    generator = _dashboard_generator()
+    assert sorted(p.name for p in K8S_DASHBOARDS.glob("*.json")) == sorted(generator.DASHBOARDS)
+    for name, build in generator.DASHBOARDS.items():
+        committed = (K8S_DASHBOARDS / name).read_text(encoding="utf-8")
+        assert committed == generator.render(build), (
+            f"k8s/monitoring/dashboards/{name} is stale: run python3 monitoring/grafana/generate_dashboards.py"
+        )
+
+
+def test_dashboard_generator_check_mode_detects_a_stale_k8s_copy(tmp_path, monkeypatch):
+    generator = _dashboard_generator()
+    assert generator.main(["--check"]) == 0
+    stale = tmp_path / "k8s-dashboards"
+    stale.mkdir()
+    for name, build in generator.DASHBOARDS.items():
+        (stale / name).write_text(generator.render(build), encoding="utf-8")
+    (stale / "palmyra-engine.json").write_text("{}\n", encoding="utf-8")
+    monkeypatch.setattr(generator, "REPO", tmp_path)
+    monkeypatch.setattr(generator, "OUT_DIRS", (generator.OUT, stale))
+    assert generator.main(["--check"]) == 1
 
 
 @pytest.mark.parametrize("overlay", MONITORED)

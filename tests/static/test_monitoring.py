@@ -289,9 +289,9 @@ class _Exporter(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def npu_prometheus(shared_dir):
+def npu_prometheus(data_dir):
     assert shutil.which("prometheus"), "prometheus missing: install Debian's `prometheus` package"
-    page = strip_timestamps((shared_dir / "fixtures" / "npu-exporter-metrics.txt").read_text(encoding="utf-8"))
+    page = strip_timestamps((data_dir / "fixtures" / "npu-exporter-metrics.txt").read_text(encoding="utf-8"))
     faulty = mark_unhealthy(page, "3")
     assert faulty != page
     handler = type("Exporter", (_Exporter,), {"pages": {"/metrics": page.encode(), "/faulty/metrics": faulty.encode()}})
