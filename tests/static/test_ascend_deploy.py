@@ -392,6 +392,19 @@ def test_compose_npu_exporter_healthcheck_tells_up_from_down(rendered, exporter_
     assert _run_exporter_healthcheck(test, closed) != 0
 
 
+NPU_METRIC = re.compile(r"\b(?:npu_chip_info|machine_npu)_[a-z_]*[a-z]\b")
+
+
+def test_every_npu_metric_queried_is_one_the_pinned_npu_exporter_exports():
+    sample = (DATA / "mindcluster-v7.3.0-npu-exporter-prometheus_metrics.txt").read_text(encoding="utf-8")
+    exported = {line.split("{")[0].split()[0] for line in sample.splitlines() if line and not line.startswith("#")}
+    queried = set()
+    for path in [*(REPO / "monitoring").rglob("*.json"), *(REPO / "monitoring" / "prometheus").rglob("*.yml")]:
+        queried |= set(NPU_METRIC.findall(path.read_text(encoding="utf-8")))
+    assert "npu_chip_info_hbm_used_memory" in queried  # the dashboards do query the exporter
+    assert queried - exported == set()
+
+
 def test_no_service_but_the_engine_gets_an_npu(rendered):
     for name, service in rendered.items():
         if name != "engine":
