@@ -199,7 +199,7 @@ def test_ascend_engine_devices_driver_and_shm(services: dict[str, Any]) -> None:
     size = re.fullmatch(r"(\d+)([kmg])", str(engine["shm_size"]).lower())
     assert size and int(size.group(1)) * {"k": 1 / 1024 / 1024, "m": 1 / 1024, "g": 1}[size.group(2)] >= 1
     env = env_of(engine)
-    assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_NPU_ALLOC_CONF" not in env  # vllm-ascend 0.18.0 sets it itself
     # The one device passed in is device 0 inside the container, whatever its host index.
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "0" and env["PALMYRA_NPU_DEVICES"] == "0"
     assert env["PALMYRA_PLATFORM"] == "ascend"
@@ -208,8 +208,9 @@ def test_ascend_engine_devices_driver_and_shm(services: dict[str, Any]) -> None:
 def test_npu_exporter_only_with_ascend(services: dict[str, Any]) -> None:
     exporter = services["npu-exporter"]
     assert exporter["profiles"] == ["ascend"]
-    assert exporter["devices"] == ASCEND_DEVICES
-    assert any(arg == "-port=8082" for arg in exporter["command"])
+    # Never the engine's NPU; how it runs is held against upstream in test_ascend_deploy.py.
+    assert "devices" not in exporter
+    assert any("-port=8082" in arg for arg in exporter["command"])
 
 
 def test_cpu_engine(services: dict[str, Any]) -> None:

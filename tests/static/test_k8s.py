@@ -32,13 +32,17 @@ KUSTOMIZE = ["kubectl", "kustomize"]
 # overlay -> the accelerator resources its engine asks for (limits), and nothing else.
 OVERLAYS: dict[str, dict[str, int]] = {
     "ascend-mindcluster": {"huawei.com/Ascend910": 1},
-    "ascend-hami": {"huawei.com/Ascend910B": 1, "huawei.com/Ascend910B-memory": 32768},
+    "ascend-mindcluster-a3": {"huawei.com/Ascend910": 1},
+    "ascend-mindcluster-volcano": {"huawei.com/Ascend910": 1},
+    # Names checked against HAMi's own device-configmap in test_ascend_deploy.py.
+    "ascend-hami": {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 65536},
     "ascend-cce": {"huawei.com/ascend-1980": 1},
     "nvidia": {"nvidia.com/gpu": 1},
     "cpu": {},
 }
 ASCEND = [name for name in OVERLAYS if name.startswith("ascend-")]
-ENGINE_TAG = {"ascend-mindcluster": "ascend", "ascend-hami": "ascend", "ascend-cce": "ascend",
+ENGINE_TAG = {"ascend-mindcluster": "ascend", "ascend-mindcluster-a3": "ascend-a3",
+              "ascend-mindcluster-volcano": "ascend", "ascend-hami": "ascend", "ascend-cce": "ascend",
               "nvidia": "cuda", "cpu": "cpu"}
 # Resource names that are not accelerators.
 PLAIN_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
@@ -361,7 +365,8 @@ def test_volumes(overlay):
         assert mounts[name]["/models"]["name"] == "model"
         assert mounts[name]["/models"]["readOnly"] is True
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == (ASCEND_HOST_PATHS if overlay in ASCEND else set())
+    # CCE's plugin brings the driver (test_ascend_deploy.py holds both sets against upstream).
+    assert host_paths == (ASCEND_HOST_PATHS if overlay in ASCEND and overlay != "ascend-cce" else set())
     for m in mounts["engine"].values():
         if volumes[m["name"]].get("hostPath"):
             assert m["readOnly"] is True and m["mountPath"] == volumes[m["name"]]["hostPath"]["path"]
@@ -384,11 +389,19 @@ def test_each_overlay_requests_exactly_its_accelerator(overlay):
 
 
 def _strip_accelerator(spec: dict) -> dict:
+    """The pod without its device-plugin bits: scheduling fields, accelerator limits, the engine
+    image tag (A2/A3) and the host driver mounts (absent on CCE)."""
     spec = copy.deepcopy(spec)
-    spec.pop("nodeSelector", None)
+    for key in ("nodeSelector", "runtimeClassName", "schedulerName"):
+        spec.pop(key, None)
     limits = container(spec, "engine")["resources"]["limits"]
     for name in set(limits) - PLAIN_RESOURCES:
         del limits[name]
+    host = {v["name"] for v in spec["volumes"] if "hostPath" in v}
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in host]
+    for c in spec["containers"] + spec["initContainers"]:
+        c["image"] = c["image"].rsplit(":", 1)[0]
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] not in host]
     return spec
 
 
@@ -399,7 +412,8 @@ def test_ascend_overlays_differ_only_in_the_device_plugin_bits():
     assert all(s == stripped[0] for s in stripped[1:])
     ascend = specs["ascend-cce"]
     assert 1000 in ascend["securityContext"]["supplementalGroups"]  # HwHiAiUser owns the device nodes
-    assert _env(container(ascend, "engine"))["PYTORCH_NPU_ALLOC_CONF"]["value"] == "expandable_segments:True"
+    # vllm-ascend 0.18.0 sets it itself (and appends to an operator's value).
+    assert "PYTORCH_NPU_ALLOC_CONF" not in _env(container(ascend, "engine"))
     assert config_data(render("ascend-cce"))["PALMYRA_PLATFORM"] == "ascend"
 
 

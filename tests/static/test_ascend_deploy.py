@@ -1,0 +1,413 @@
+"""The Ascend deployment files (k8s Ascend overlays, docker-compose.yml's Ascend services) held
+against the upstream files they must agree with, stored under tests/data/ascend-deploy/ (see the
+README there for sources, versions and licenses):
+
+- HAMi v2.10.0's device-configmap: the resource names HAMi really registers per chip model;
+- MindCluster v7.3.0's Ascend Device Plugin and npu-exporter manifests: the node label the plugin
+  runs on, its Volcano mode, and how npu-exporter is run (privileged, root, driver tree);
+- vllm-ascend v0.18.0's quick start (the devices and driver mounts of its own `docker run`), its
+  Kubernetes guide (the MindCluster and CCE resource names) and its CCE manifest (what it mounts).
+
+A wrong resource name, a device handed to the exporter or a mount upstream does not make fails
+here. The rendered Compose file comes from podman-compose itself, the Kubernetes objects from
+kubectl's kustomize (schema validation of every overlay is in test_k8s.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_k8s import ASCEND, container, pod_spec, render
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data" / "ascend-deploy"
+HAMI_CHIPS = REPO / "k8s" / "overlays" / "ascend-hami" / "chips"
+BIN = Path(sys.executable).parent
+# Overlays whose device plugin leaves the host driver to the pod (the host-driver component).
+HOST_DRIVER_OVERLAYS = {"ascend-mindcluster", "ascend-mindcluster-a3", "ascend-mindcluster-volcano", "ascend-hami"}
+DAVINCI_N = re.compile(r"/dev/davinci\d+$")
+
+
+# --- upstream data --------------------------------------------------------------------------------
+
+
+def hami_vnpus() -> list[dict[str, Any]]:
+    """The `vnpus.configs` list of HAMi's device-configmap template. Only that block is read; its
+    Helm expressions (runtimeClassName, overwriteEnv) become placeholders, the names stay literal."""
+    lines = (DATA / "hami-v2.10.0-device-configmap.yaml").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "vnpus:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line)
+    text = re.sub(r"\{\{[^}]*\}\}", "helm-expression", "\n".join(line[indent:] for line in block))
+    configs = yaml.safe_load(text)["vnpus"]["configs"]
+    assert len(configs) >= 5, "the vnpus block was not found whole"
+    return configs
+
+
+def upstream_docker_run() -> tuple[list[str], list[str]]:
+    """--device and -v host paths of vllm-ascend's quick-start `docker run` (the Ubuntu tab)."""
+    text = (DATA / "vllm-ascend-v0.18.0-quick_start.md").read_text(encoding="utf-8")
+    run = text[text.index("docker run"):]
+    run = run[:run.index("```")]
+    words = shlex.split(run.replace("\\\n", " "))
+    devices = [words[i + 1] for i, w in enumerate(words) if w == "--device"]
+    mounts = [words[i + 1].split(":")[0] for i, w in enumerate(words) if w == "-v"]
+    # $DEVICE is the one NPU (/dev/davinciN); /root/.cache is upstream's cache, ours is /cache.
+    return devices, [m for m in mounts if m != "/root/.cache"]
+
+
+def upstream_daemonset(name: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((DATA / name).read_text(encoding="utf-8"))
+    return next(d for d in docs if d and d["kind"] == "DaemonSet")
+
+
+def hami_problems(limits: dict[str, Any], configs: list[dict[str, Any]]) -> list[str]:
+    """What HAMi v2.10.0 would make of an engine's limits: [] when they ask for exactly one
+    whole NPU of one chip model HAMi knows, by both of that model's names."""
+    accel = {k: v for k, v in limits.items() if "/" in k}
+    matches = [c for c in configs if c["resourceName"] in accel]
+    if len(matches) != 1:
+        return [f"{sorted(accel)} names {len(matches)} HAMi chip models, not one"]
+    chip = matches[0]
+    problems = []
+    if set(accel) != {chip["resourceName"], chip["resourceMemoryName"]}:
+        problems.append(f"{sorted(accel)} is not {chip['resourceName']} + {chip['resourceMemoryName']}")
+    if int(accel[chip["resourceName"]]) != 1:
+        problems.append("not one NPU")
+    memory = int(accel.get(chip["resourceMemoryName"], chip["memoryAllocatable"]))
+    # HAMi's trimMemory: the first template that fits, else the whole chip up to its capacity.
+    fits = [t["memory"] for t in chip.get("templates", []) if memory <= t["memory"]]
+    granted = fits[0] if fits else (chip["memoryAllocatable"] if memory <= chip["memoryCapacity"] else 0)
+    if granted != chip["memoryAllocatable"]:
+        problems.append(f"{memory} MiB is granted as {granted} MiB, not the whole {chip['commonWord']}")
+    return problems
+
+
+# --- Kubernetes: HAMi -------------------------------------------------------------------------------
+
+
+def test_hami_overlay_asks_for_a_chip_model_hami_registers():
+    configs = hami_vnpus()
+    limits = container(pod_spec(render("ascend-hami")), "engine")["resources"]["limits"]
+    assert hami_problems(limits, configs) == []
+
+
+def test_hami_check_fails_on_a_name_hami_does_not_register():
+    """The names this overlay used before (and HAMi's docs of older releases show)."""
+    configs = hami_vnpus()
+    assert hami_problems({"huawei.com/Ascend910B": 1, "huawei.com/Ascend910B-memory": 32768}, configs)
+    # A right name with a vNPU-sized memory ask is a slice, not the whole chip.
+    assert hami_problems({"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 32768}, configs)
+    assert hami_problems({"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B4-memory": 32768}, configs)
+
+
+def test_every_hami_chip_choice_matches_hami_and_covers_its_910b_family():
+    configs = {c["commonWord"]: c for c in hami_vnpus()}
+    offered = {}
+    for path in sorted(HAMI_CHIPS.glob("*.yaml")):
+        patch = yaml.safe_load(path.read_text(encoding="utf-8"))
+        engine = next(c for c in patch["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
+        limits = engine["resources"]["limits"]
+        assert hami_problems(limits, list(configs.values())) == [], path.name
+        assert f"huawei.com/{path.stem}" in limits, f"{path.name} is named after its chip model"
+        offered[path.stem] = limits
+    # Every 910B chip model HAMi knows can be picked (910A, 910C and 310P are not this image's).
+    assert set(offered) == {word for word in configs if word.startswith("Ascend910B")}
+
+
+def test_hami_overlay_uses_ascend_docker_runtime():
+    # HAMi's plugin only sets ASCEND_VISIBLE_DEVICES; Ascend Docker Runtime makes the devices.
+    assert pod_spec(render("ascend-hami"))["runtimeClassName"] == "ascend"
+    # HAMi fills in its configured runtimeClassName only where a pod names none (device.go), so the
+    # device-configmap carries the setting per chip model.
+    assert all("runtimeClassName" in c for c in hami_vnpus())
+
+
+# --- Kubernetes: MindCluster and CCE -------------------------------------------------------------
+
+
+def _without(spec: dict[str, Any], *keys: str) -> dict[str, Any]:
+    spec = copy.deepcopy(spec)
+    for key in keys:
+        spec.pop(key, None)
+    return spec
+
+
+def test_mindcluster_resource_and_node_label_are_the_device_plugins():
+    spec = pod_spec(render("ascend-mindcluster"))
+    plugin = upstream_daemonset("mindcluster-v7.3.0-ascendplugin-910.yaml")["spec"]["template"]["spec"]
+    # The plugin's DaemonSet runs only on nodes with this label, so only they have the resource.
+    assert spec["nodeSelector"] == {"accelerator": plugin["nodeSelector"]["accelerator"]}
+    guide = (DATA / "vllm-ascend-v0.18.0-using_volcano_kthena.md").read_text(encoding="utf-8")
+    mindcluster_line = next(line for line in guide.splitlines() if "If using [MindCluster]" in line)
+    limits = container(spec, "engine")["resources"]["limits"]
+    assert [name for name in limits if "/" in name] == ["huawei.com/Ascend910"]
+    assert "`huawei.com/Ascend910`" in mindcluster_line
+    assert "runtimeClassName" not in spec and "schedulerName" not in spec
+
+
+def test_mindcluster_volcano_overlay_adds_only_what_volcano_mode_needs():
+    plugin_args = " ".join(upstream_daemonset("mindcluster-v7.3.0-ascendplugin-volcano.yaml")
+                           ["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "-volcanoType=true" in plugin_args
+    plain = render("ascend-mindcluster")
+    volcano = render("ascend-mindcluster-volcano")
+    spec = pod_spec(volcano)
+    assert spec["schedulerName"] == "volcano"
+    labels = next(o for o in volcano if o["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["ring-controller.atlas"] == "ascend-910b"  # 910B / Atlas A2 in ascend-for-volcano
+    assert _without(spec, "schedulerName") == pod_spec(plain)
+
+
+def test_a3_overlay_is_the_mindcluster_overlay_with_the_a3_image():
+    a2, a3 = pod_spec(render("ascend-mindcluster")), pod_spec(render("ascend-mindcluster-a3"))
+    for name in ("engine", "fetch-model"):
+        assert container(a2, name)["image"] == "palmyra-serve-engine:ascend"
+        assert container(a3, name)["image"] == "palmyra-serve-engine:ascend-a3"
+        container(a3, name)["image"] = container(a2, name)["image"]
+    assert a3 == a2
+
+
+def test_cce_overlay_mounts_no_more_of_the_host_than_vllm_ascends_cce_manifest():
+    upstream = (DATA / "vllm-ascend-v0.18.0-lws-a2.yaml.jinja2").read_text(encoding="utf-8")
+    assert "huawei.com/ascend-1980:" in upstream
+    upstream_paths = set(re.findall(r"hostPath:\s*\n\s*path:\s*(\S+)", upstream))
+    assert upstream_paths == {"/usr/local/Ascend/driver/tools"}
+    spec = pod_spec(render("ascend-cce"))
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths <= upstream_paths
+    assert [n for n in container(spec, "engine")["resources"]["limits"] if "/" in n] == ["huawei.com/ascend-1980"]
+
+
+# --- Kubernetes: every Ascend overlay -------------------------------------------------------------
+
+
+def _quantity_gib(text: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", text).groups()
+    return int(number) / (1024 if unit == "Mi" else 1)
+
+
+@pytest.mark.parametrize("overlay", ASCEND)
+def test_ascend_pod_user_groups_and_writable_places(overlay):
+    spec = pod_spec(render(overlay))
+    pod = spec["securityContext"]
+    # One HwHiAiUser gid everywhere: the device nodes' group (supplementalGroups), the volumes'
+    # group (fsGroup, so /cache and /tmp are writable) and the process's group.
+    assert pod["supplementalGroups"] == [pod["runAsGroup"]] == [pod["fsGroup"]]
+    engine = container(spec, "engine")
+    assert engine["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in engine["volumeMounts"]}
+    for path in ("/cache", "/tmp"):
+        assert not mounts[path].get("readOnly", False), path
+        assert "emptyDir" in volumes[mounts[path]["name"]] or "persistentVolumeClaim" in volumes[mounts[path]["name"]]
+    shm = volumes[mounts["/dev/shm"]["name"]]["emptyDir"]
+    assert shm["medium"] == "Memory" and _quantity_gib(shm["sizeLimit"]) >= 1
+    env = {e["name"] for e in engine.get("env", [])}
+    # The device plugin decides which NPUs the container sees (numbered from 0): never set here.
+    assert not env & {"ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "PALMYRA_NPU_DEVICES"}
+    assert "privileged" not in engine["securityContext"]
+
+
+@pytest.mark.parametrize("overlay", ASCEND)
+def test_ascend_host_driver_mounts_are_vllm_ascends(overlay):
+    spec = pod_spec(render(overlay))
+    host = {v["hostPath"]["path"].rstrip("/"): v["hostPath"].get("type") for v in spec["volumes"] if "hostPath" in v}
+    if overlay not in HOST_DRIVER_OVERLAYS:
+        assert host == {}
+        return
+    _devices, upstream = upstream_docker_run()
+    assert set(host) == {p.rstrip("/") for p in upstream}
+    # Typed, so a node without the driver fails with a FailedMount event, not an empty directory.
+    assert set(host.values()) <= {"Directory", "File"}
+
+
+def test_every_ascend_overlay_is_checked_by_test_k8s():
+    overlays = {p.name for p in (REPO / "k8s" / "overlays").iterdir() if p.name.startswith("ascend-")}
+    assert overlays == set(ASCEND)
+
+
+# --- Compose ----------------------------------------------------------------------------------
+
+
+def compose_config(**env: str) -> dict[str, Any]:
+    """docker-compose.yml with compose/ascend.env as podman-compose renders it (interpolated).
+    `--dry-run` only skips podman-compose's `podman --version` probe: the static tier has no podman."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "HWHIAIUSER_", "COMPOSE_"))}
+    result = subprocess.run(
+        [str(BIN / "podman-compose"), "--dry-run", "--env-file", "compose/ascend.env", "-f", "docker-compose.yml", "config"],
+        cwd=REPO, env={**environ, **env}, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, Any]:
+    # A host index and gid other than the defaults, to see them travel.
+    return compose_config(PALMYRA_NPU_INDEX="3", HWHIAIUSER_GID="1234")
+
+
+def test_compose_engine_devices_and_mounts_are_vllm_ascends(rendered):
+    engine = rendered["engine"]
+    devices, mounts = upstream_docker_run()
+    assert engine["devices"] == ["/dev/davinci3" if d == "$DEVICE" else d for d in devices]
+    volumes = {v.split(":")[0].rstrip("/"): v for v in engine["volumes"]}
+    for path in mounts:
+        assert volumes[path.rstrip("/")].endswith(":ro"), path
+    # The NPUs a non-privileged container was given are numbered from 0 inside it.
+    npus = [d for d in engine["devices"] if DAVINCI_N.match(d)]
+    assert engine["environment"]["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(len(npus)))
+    assert engine["environment"]["PALMYRA_NPU_DEVICES"] == engine["environment"]["ASCEND_RT_VISIBLE_DEVICES"]
+
+
+def test_compose_engine_user_group_and_read_only_root(rendered):
+    engine = rendered["engine"]
+    assert [str(g) for g in engine["group_add"]] == ["1234"]
+    assert engine["read_only"] is True
+    tmp = [t.split(":", 1) for t in engine["tmpfs"] if t.split(":")[0] == "/tmp"]
+    # Docker's tmpfs default is noexec, which would break loading what compilers build there.
+    assert len(tmp) == 1 and "exec" in tmp[0][1].split(",")
+    assert "cache:/cache" in engine["volumes"]
+    assert engine["environment"]["HOME"].startswith("/tmp")
+    size = re.fullmatch(r"(\d+)([mg])", str(engine["shm_size"]).lower())
+    assert size and int(size.group(1)) / (1024 if size.group(2) == "m" else 1) >= 1
+    assert "privileged" not in engine and "user" not in engine  # the image's HwHiAiUser
+
+
+def test_compose_a3_image_is_one_setting_away():
+    assert compose_config(PALMYRA_ENGINE_ASCEND_IMAGE="palmyra-serve-engine:ascend-a3")["engine"]["image"] \
+        == "palmyra-serve-engine:ascend-a3"
+
+
+def exporter_problems(service: dict[str, Any]) -> list[str]:
+    """How a Compose npu-exporter differs from its upstream DaemonSet (MindCluster v7.3.0), and
+    whether it could take an NPU from the engine."""
+    upstream = upstream_daemonset("mindcluster-v7.3.0-npu-exporter.yaml")["spec"]["template"]["spec"]["containers"][0]
+    problems = []
+    if any(DAVINCI_N.match(str(d).split(":")[0]) for d in service.get("devices", [])):
+        problems.append("holds a /dev/davinciN")
+    if service.get("devices"):
+        problems.append("is given devices (upstream: none, privileged)")
+    sc = upstream["securityContext"]
+    if service.get("privileged") is not sc["privileged"]:
+        problems.append("not privileged like upstream")
+    if str(service.get("user", "")).split(":") != [str(sc["runAsUser"]), str(sc["runAsGroup"])]:
+        problems.append("not root like upstream")
+    if service.get("read_only") is not sc["readOnlyRootFilesystem"]:
+        problems.append("root filesystem not read-only like upstream")
+    targets = {v.split(":")[1]: v for v in service.get("volumes", [])}
+    for mount in upstream["volumeMounts"]:
+        if mount["name"] in ("ascend-driver", "ascend-dcmi") and not targets.get(mount["mountPath"], "").endswith(":ro"):
+            problems.append(f"{mount['mountPath']} not mounted read-only")
+    ours = " ".join(service.get("command", []))
+    upstream_flags = {f.split("=")[0] for f in " ".join(upstream["args"]).split() if f.startswith("-")}
+    for flag in re.findall(r"\s(-[\w-]+)=", ours):
+        if flag not in upstream_flags:
+            problems.append(f"flag {flag} not in upstream's command")
+    if "npu-exporter" not in ours or service.get("entrypoint", [None])[0] != "/bin/bash":
+        problems.append("the image's ENTRYPOINT would ignore the command")
+    if "healthcheck" not in service:
+        problems.append("no healthcheck")
+    return problems
+
+
+def test_compose_npu_exporter_runs_as_upstream_without_the_engines_device(rendered):
+    exporter = rendered["npu-exporter"]
+    assert exporter_problems(exporter) == []
+    assert "-port=8082" in exporter["command"][0]  # where Prometheus scrapes it
+
+
+@pytest.mark.parametrize("fault", ["engine-device", "not-privileged", "flag-typo", "no-healthcheck"])
+def test_exporter_check_can_fail(rendered, fault):
+    exporter = copy.deepcopy(rendered["npu-exporter"])
+    if fault == "engine-device":
+        exporter["devices"] = ["/dev/davinci3"]
+    elif fault == "not-privileged":
+        exporter["privileged"] = False
+    elif fault == "flag-typo":
+        exporter["command"] = [exporter["command"][0].replace("-updateTime=", "-update-time=")]
+    else:
+        del exporter["healthcheck"]
+    assert exporter_problems(exporter)
+
+
+class _Status(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(b"NPU-Exporter")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def exporter_stand_in() -> Iterator[tuple[int, type[_Status]]]:
+    """A plain HTTP server on 127.0.0.1 in the exporter's place, whose status a test sets."""
+    handler = type("Handler", (_Status,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], handler
+    server.shutdown()
+    server.server_close()
+
+
+def _run_exporter_healthcheck(test: list[str], port: int) -> int:
+    assert test[0] == "CMD"
+    argv = [arg.replace("/127.0.0.1/8082", f"/127.0.0.1/{port}") for arg in test[1:]]
+    assert argv != test[1:], "the healthcheck no longer targets 127.0.0.1:8082"
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode
+
+
+def test_compose_npu_exporter_healthcheck_tells_up_from_down(rendered, exporter_stand_in):
+    """The exporter's healthcheck command itself (bash only, as in its image) against a real
+    server: healthy on 200, unhealthy on an error status or nothing listening."""
+    test = rendered["npu-exporter"]["healthcheck"]["test"]
+    port, handler = exporter_stand_in
+    assert _run_exporter_healthcheck(test, port) == 0
+    handler.status = 500
+    assert _run_exporter_healthcheck(test, port) != 0
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    assert _run_exporter_healthcheck(test, closed) != 0
+
+
+NPU_METRIC = re.compile(r"\b(?:npu_chip_info|machine_npu)_[a-z_]*[a-z]\b")
+
+
+def test_every_npu_metric_queried_is_one_the_pinned_npu_exporter_exports():
+    sample = (DATA / "mindcluster-v7.3.0-npu-exporter-prometheus_metrics.txt").read_text(encoding="utf-8")
+    exported = {line.split("{")[0].split()[0] for line in sample.splitlines() if line and not line.startswith("#")}
+    queried = set()
+    for path in [*(REPO / "monitoring").rglob("*.json"), *(REPO / "monitoring" / "prometheus").rglob("*.yml")]:
+        queried |= set(NPU_METRIC.findall(path.read_text(encoding="utf-8")))
+    assert "npu_chip_info_hbm_used_memory" in queried  # the dashboards do query the exporter
+    assert queried - exported == set()
+
+
+def test_no_service_but_the_engine_gets_an_npu(rendered):
+    for name, service in rendered.items():
+        if name != "engine":
+            assert not [d for d in service.get("devices", []) if "davinci" in str(d)], name
