@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from helpers.api import HTTP, raw_json_post
-from reliability_support import engine_gauge, wait_until
+from helpers.waiting import wait_until
+from reliability_support import engine_gauge
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_curl_completion_and_request_id(sidecar_server):
 
 
 def wait_engine_idle(engine_url: str, within_s: float) -> None:
-    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s, 0.1,
+    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s,
                "the engine running nothing")
 
 
@@ -122,8 +123,8 @@ def test_client_disconnect_aborts_a_non_streamed_generation_in_the_engine(sideca
     # Nothing comes back until a non-streamed generation is finished, so only the sidecar noticing
     # the socket close can stop it.
     def generation_running(_sock: socket.socket) -> None:
-        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1, 10, 0.05,
-                   "the generation started")
+        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1, 10,
+                   "the generation started", interval_s=0.05)
 
     before = leave_mid_generation(sidecar_server, engine_server.url, LONG_GENERATION, generation_running)
     assert_stopped_early(engine_server.url, before)

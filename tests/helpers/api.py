@@ -33,8 +33,9 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
     return err
 
 
-def raw_json_post(path: str, payload: dict) -> bytes:
+def raw_json_post(path: str, payload: dict, headers: dict[str, str] | None = None) -> bytes:
     """A whole HTTP/1.1 POST as bytes, for tests that hold the socket themselves (to cut it)."""
     body = json.dumps(payload).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body

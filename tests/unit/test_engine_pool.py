@@ -252,9 +252,9 @@ def test_a_reader_that_falls_behind_pauses_the_engine_socket_until_it_catches_up
     async def scenario():
         async with ScriptedServer(answer(body)) as url:
             resp = await EnginePool(url, 2, 5).request("GET", b"/big", [], b"")
-            await asyncio.sleep(0.2)  # let the engine's bytes pile up unread
             conn = resp._conn
-            assert conn.paused and conn.buffered < total // 2  # reading stopped well before the end
+            await wait_for(lambda: conn.paused)  # the engine's bytes pile up unread until reading stops
+            assert conn.buffered < total // 2  # reading stopped well before the end
             assert len(await resp.read()) == total and not conn.paused
     asyncio.run(scenario())
 

@@ -74,12 +74,39 @@ class SseAccount:
         if end == 0:
             return
         complete = data[:end]
-        if b"\n\n" in complete:
-            for block in complete.split(b"\n\n"):
-                if block:
-                    self._event(block, now)
-        else:
-            self._event(complete, now)
+        # Fast path, vLLM's shape: every event one `data: ` line. Then the events of this read are
+        # turned into one JSON array and parsed in one C call (a third cheaper than one call per
+        # event). The shape check is exact: a raw newline never occurs inside JSON, so "\n\ndata: "
+        # only ever starts an event. An array that does not parse into one value per event (some
+        # event is not one JSON value) is parsed again event by event.
+        events = complete.count(b"\n\n") + 1
+        if (complete.startswith(b"data: ") and complete.count(b"\n") == 2 * events - 2
+                and complete.count(b"\n\ndata: ") == events - 1):
+            done = complete.endswith(b"data: [DONE]")
+            if done:
+                complete = complete[:-12]
+                events -= 1
+            if events:
+                body = complete[6:-2] if done else complete[6:]
+                try:
+                    payloads = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]")
+                except orjson.JSONDecodeError:
+                    payloads = None  # one of them is not JSON: find which, event by event
+                if payloads is not None and len(payloads) == events:
+                    self.events += events
+                    for payload in payloads:
+                        self._payload(payload, now)
+                else:
+                    for block in complete.split(b"\n\n"):
+                        if block:
+                            self._event(block, now)
+            if done:
+                self.events += 1
+                self.done = True
+            return
+        for block in complete.split(b"\n\n"):
+            if block:
+                self._event(block, now)
 
     def _event(self, block: bytes, now: float) -> None:
         if block.startswith(b"data: ") and b"\n" not in block:
@@ -97,11 +124,14 @@ class SseAccount:
         except orjson.JSONDecodeError:
             self.unparsed += 1
             return
+        self._payload(payload, now)
+
+    def _payload(self, payload: Any, now: float) -> None:
         if not isinstance(payload, dict):
             self.unparsed += 1
             return
         usage = payload.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None and isinstance(usage, dict):
             self.usage = usage
         choices = payload.get("choices")
         if not choices or not isinstance(choices, list):
@@ -109,8 +139,10 @@ class SseAccount:
         for choice in choices:
             if isinstance(choice, dict) and _carries_text(choice):
                 index = choice.get("index", 0)
-                index = index if isinstance(index, int) else 0
-                self.per_choice[index] = self.per_choice.get(index, 0) + 1
+                if index.__class__ is not int:
+                    index = 0
+                per_choice = self.per_choice
+                per_choice[index] = per_choice.get(index, 0) + 1
                 self.token_events += 1
                 if not self.first_token:
                     self.first_token = now
