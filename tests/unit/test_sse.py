@@ -158,3 +158,12 @@ def test_recorded_vllm_streams_count_what_the_engine_reports(case: dict):
     for cut in range(1, len(stream), max(1, len(stream) // 200)):
         assert totals(account([stream[:cut], stream[cut:]])) == totals(acc)
     assert totals(account([bytes([b]) for b in stream])) == totals(acc)
+
+
+def test_an_engine_error_event_marks_the_stream_failed_but_a_client_error_does_not():
+    engine_died = event({"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}})
+    assert account([text("a"), engine_died, DONE]).error
+    assert account([text("a"), event({"error": "unexpected"}), DONE]).error
+    client_error = event({"error": {"message": "bad logprobs", "type": "BadRequestError", "code": 400}})
+    acc = account([text("a"), client_error, DONE])
+    assert not acc.error and acc.token_events == 1

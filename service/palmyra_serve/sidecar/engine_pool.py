@@ -235,7 +235,7 @@ class _Connection(asyncio.Protocol):
 class EngineResponse:
     """Status and headers of an engine response; its body is read piece by piece as it arrives."""
 
-    __slots__ = ("_conn", "_pool", "status", "reason", "raw_headers", "content_type")
+    __slots__ = ("_conn", "_pool", "content_type", "raw_headers", "reason", "status")
 
     def __init__(self, conn: _Connection, pool: EnginePool) -> None:
         self._conn = conn

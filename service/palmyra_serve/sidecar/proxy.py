@@ -44,6 +44,8 @@ SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 # An engine error body is read whole to reshape it; a non-streamed generation's to read its usage.
 MAX_ERROR_BODY = 1024 * 1024
 MAX_KEPT_BODY = 8 * 1024 * 1024
+# What /ready's relay_failure says when a stream carried the engine's own error event.
+ENGINE_ERROR_EVENT = "engine_error_event"
 
 
 class ClientGone(Exception):
@@ -279,15 +281,23 @@ class Proxy:
             record["ttft_ms"] = round((first - t0) * 1000, 2)
         if status != 200 or route not in GENERATION_ROUTES:
             return
-        self.state.record_generation(True)
         if account is not None:
             account.finish()
+            if account.error:
+                # The engine ended the stream with its own error event (vLLM does when its core
+                # dies): the client got it; readiness hears of it now, as for a cut stream.
+                record["engine_error_event"] = True
+                self.state.record_generation(False)
+                self.state.report_engine_failure(ENGINE_ERROR_EVENT)
+            else:
+                self.state.record_generation(True)
             completion = account.completion_tokens()
             prompt = account.prompt_tokens()
             itl = account.inter_token_latency()
             if itl is not None:
                 self.metrics.itl.labels(route).observe(itl)
         else:
+            self.state.record_generation(True)
             usage = _usage(kept)
             reported = usage.get("completion_tokens") if usage else None
             completion = reported if isinstance(reported, int) else 0

@@ -6,7 +6,7 @@ event), so the unfinished tail of one read is kept and completed by the next. Ev
 apart by their blank line, never by searching for `data: `: generated text may contain it, and
 JSON escapes every newline inside a string, so a blank line only ever ends an event.
 
-Per event: `[DONE]` ends the stream; a `usage` object (the engine sends one when the request set
+Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object (the engine sends one when the request set
 `stream_options.include_usage`, on every event with `continuous_usage_stats`) is kept, the last
 one winning; every choice in `choices` that carries generated text (completions' `text`, chat's
 `delta.content`, reasoning or tool calls) counts one token event for its `index`, so `n>1`
@@ -30,8 +30,8 @@ DONE = b"[DONE]"
 
 
 class SseAccount:
-    __slots__ = ("_tail", "done", "events", "first_token", "last_token", "overflow", "per_choice", "token_events",
-                 "unparsed", "usage")
+    __slots__ = ("_tail", "done", "error", "events", "first_token", "last_token", "overflow", "per_choice",
+                 "token_events", "unparsed", "usage")
 
     def __init__(self) -> None:
         self._tail = b""
@@ -40,6 +40,7 @@ class SseAccount:
         self.per_choice: dict[int, int] = {}
         self.usage: dict[str, Any] | None = None
         self.done = False
+        self.error = False  # an engine error event (vLLM sends one when a generation fails mid-stream)
         self.first_token = 0.0
         self.last_token = 0.0
         self.unparsed = 0  # data that was not JSON (counted, not guessed at)
@@ -129,6 +130,13 @@ class SseAccount:
     def _payload(self, payload: Any, now: float) -> None:
         if not isinstance(payload, dict):
             self.unparsed += 1
+            return
+        if "error" in payload:
+            # The engine's failure, unless it names a client error (4xx): what a client can
+            # provoke must not count against the engine (nor drop readiness, see proxy.py).
+            error = payload["error"]
+            code = error.get("code") if isinstance(error, dict) else None
+            self.error = self.error or not (isinstance(code, int) and 400 <= code < 500)
             return
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
