@@ -192,6 +192,10 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
     watcher.finish()
     unready_s, unlive_s = watcher.unready_at - t_kill, watcher.unlive_at - t_kill
     assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
+    # Readiness follows what the relay sees: unready within 0.5 s of the first stream's end (the
+    # relay reports the cut or the engine's error event; the watcher polls every 50 ms).
+    first_cut_s = min(e["after_s"] for e in endings)
+    assert unready_s <= first_cut_s + 0.5, (unready_s, first_cut_s)
     status, body = liveness(sidecar.url)
     assert status == 503 and body["status"] == "engine_dead", body
     during = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
