@@ -44,7 +44,8 @@ ENGINE_TIMEOUT = "engine_timeout"  # no connection, or silence past the read tim
 BAD_UPSTREAM = "bad_upstream"  # not HTTP, a head over the limits, closed with no answer
 STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
 UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
-# Codes of the sidecar's own refusals known here; a code added below counts the same way.
+# Codes of the sidecar's own refusals, pre-created as palmyra_rejections_total series; a code
+# added below counts the same way (its series appears on first use).
 REJECTION_CODES = ("queue_full", "queue_timeout", "request_too_large", "request_timeout", "max_tokens_too_large",
                    "invalid_json", "draining", "invalid_api_key")
 

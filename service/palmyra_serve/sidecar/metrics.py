@@ -45,18 +45,18 @@ class SidecarMetrics:
                               "Time from request arrival to the first response body byte sent to the client.",
                               ["route"], buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("palmyra_inter_token_latency_seconds",
-                             "Mean gap between streamed chunks of one response (one observation per stream).",
+                             "Mean gap between the token events of one choice of a stream (one observation per stream).",
                              ["route"], buckets=ITL_BUCKETS, registry=r)
         self.output_tokens = Counter("palmyra_output_tokens",
-                                     "Generated tokens relayed (engine usage when reported, else streamed chunks).",
+                                     "Generated tokens relayed (engine usage when reported, else text-bearing stream events).",
                                      ["route"], registry=r)
         self.prompt_tokens = Counter("palmyra_prompt_tokens", "Prompt tokens, from the engine's usage reports.",
                                      ["route"], registry=r)
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
-        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason.", ["reason"],
+        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"],
                                   registry=r)
-        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind.", ["kind"],
+        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"],
                                        registry=r)
         self.ready = Gauge("palmyra_ready", "1 when this replica is ready for traffic (warmup done, engine answers).",
                            registry=r)
