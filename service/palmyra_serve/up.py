@@ -152,7 +152,7 @@ def run_up(settings: Settings) -> int:
             elif not ok:
                 if was_ready:
                     was_ready = False
-                    _say(f"not ready: {body.get('phase')} (engine: {body.get('engine_health')})")
+                    _say(f"not ready (phase {body.get('phase')}, engine {body.get('engine_health')})")
                 progress = body.get("progress") or {}
                 line = f"{body.get('phase')} {progress.get('done', 0)}/{progress.get('total', 0)}"
                 if line != last:
