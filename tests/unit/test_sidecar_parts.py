@@ -190,3 +190,14 @@ def test_access_log_is_silent_above_info():
     finally:
         logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.NOTSET)
     assert stream.getvalue() == ""
+
+
+def test_response_headers_drop_hop_by_hop_ones_and_those_connection_names():
+    from palmyra_serve.sidecar.proxy import _response_headers
+
+    class Resp:
+        raw_headers = [(b"Content-Type", b"application/json"), (b"Connection", b"keep-alive, X-Hop"),
+                       (b"x-hop", b"1"), (b"Proxy-Connection", b"keep-alive"), (b"Keep-Alive", b"timeout=5"),
+                       (b"Transfer-Encoding", b"chunked"), (b"x-kept", b"2"), (b"server", b"uvicorn")]
+    headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
+    assert headers == [(b"Content-Type", b"application/json"), (b"x-kept", b"2"), (b"x-request-id", b"rid-1")]
