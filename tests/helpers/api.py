@@ -6,6 +6,7 @@ import json
 
 import httpx
 
+
 # Plain-HTTP clients for the tests, which never speak TLS. httpx's default client builds a
 # certificate store first: about 18 ms of CPU in one burst. While the CPU engine generates on
 # these 2-vCPU VMs, a burst like that has waited on the run queue for the whole generation

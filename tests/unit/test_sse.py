@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES, SseAccount
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm-sse.json").read_text())["cases"]
