@@ -1,6 +1,10 @@
 """`palmyra-serve up`: the quick start. Resolve the model, start the engine and the sidecar as
 child process groups, show progress until /ready, print how to call it, and on Ctrl-C stop both
 cleanly (sidecar drains first, then the engine), leaving no process behind.
+
+A dead engine is restarted with backoff, as the orchestrated deployments do (Kubernetes'
+restartPolicy, Compose's `restart:`), and the console says so; the sidecar stays up, loses
+readiness while the engine is gone and warms the new one up. A dead sidecar stops everything.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from palmyra_serve.model.resolve import resolve
 from palmyra_serve.settings import Settings
 
 STOP_TIMEOUT_S = 40.0
+# Engine restarts: 1 s, 2 s, 4 s ... up to 60 s apart; an engine that ran this long starts over at 1 s.
+RESTART_MIN_S = 1.0
+RESTART_MAX_S = 60.0
+RESTART_RESET_S = 300.0
 
 
 def _say(msg: str) -> None:
@@ -93,40 +101,64 @@ def run_up(settings: Settings) -> int:
 
     settings.up_log_dir.mkdir(parents=True, exist_ok=True)
     logs = {"engine": settings.up_log_dir / "engine.log", "sidecar": settings.up_log_dir / "sidecar.log"}
-    engine = _spawn(exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)], env, logs["engine"])
+    engine_argv = exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
+    engine = _spawn(engine_argv, env, logs["engine"])
     sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
-    t0 = time.monotonic()
+    t0 = engine_started = time.monotonic()
     code = 0
+    restarts = 0
+    backoff = RESTART_MIN_S
+    restart_at: float | None = None
+    announced = was_ready = False
     try:
         _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/")
         last = ""
         while not stopping:
-            if engine.poll() is not None or sidecar.poll() is not None:
-                which = "engine" if engine.poll() is not None else "sidecar"
-                _say(f"{which} exited unexpectedly; the end of {logs[which]}:\n{_tail(logs[which])}")
+            now = time.monotonic()
+            if sidecar.poll() is not None:
+                _say(f"sidecar exited unexpectedly; the end of {logs['sidecar']}:\n{_tail(logs['sidecar'])}")
                 code = 1
                 break
+            if restart_at is None and engine.poll() is not None:
+                ran = now - engine_started
+                if ran >= RESTART_RESET_S:
+                    backoff = RESTART_MIN_S
+                _say(f"engine exited with code {engine.returncode} after {ran:.0f} s; the end of "
+                     f"{logs['engine']}:\n{_tail(logs['engine'])}")
+                _say(f"restarting the engine in {backoff:.0f} s (restart {restarts + 1}); the sidecar stays up")
+                _stop(engine, "engine", STOP_TIMEOUT_S)  # what is left of its group (engine-core workers)
+                restart_at = now + backoff
+                backoff = min(backoff * 2, RESTART_MAX_S)
+            if restart_at is not None and now >= restart_at:
+                restarts += 1
+                restart_at = None
+                engine = _spawn(engine_argv, env, logs["engine"])
+                engine_started = t0 = now
+                _say(f"engine restarted (restart {restarts}); waiting for it to be ready again")
             ok, body = _ready(url)
-            if ok:
-                _say(f"ready in {time.monotonic() - t0:.0f} s (weights: {body.get('weights')})")
+            if ok and not was_ready:
+                was_ready = True
+                if announced:
+                    _say(f"ready again in {now - t0:.0f} s after the engine restart")
+                    continue
+                announced = True
+                _say(f"ready in {now - t0:.0f} s (weights: {body.get('weights')})")
                 print(f"\npalmyra-mini is being served at {url}\n"
                       f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
                       f"       -d '{{\"model\": \"{settings.served_model_name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n"
                       f"  health {url}/health  ready {url}/ready  metrics {url}/metrics\n"
                       f"Ctrl-C stops both.\n", flush=True)
-                while not stopping and engine.poll() is None and sidecar.poll() is None:
-                    time.sleep(0.5)
-                if not stopping:
-                    _say("a child exited unexpectedly; stopping")
-                    code = 1
-                break
-            progress = body.get("progress") or {}
-            line = f"{body.get('phase')} {progress.get('done', 0)}/{progress.get('total', 0)}"
-            if line != last:
-                _say(f"{time.monotonic() - t0:5.0f} s  {line}")
-                last = line
-            time.sleep(1.0)
+            elif not ok:
+                if was_ready:
+                    was_ready = False
+                    _say(f"not ready (phase {body.get('phase')}, engine {body.get('engine_health')})")
+                progress = body.get("progress") or {}
+                line = f"{body.get('phase')} {progress.get('done', 0)}/{progress.get('total', 0)}"
+                if line != last:
+                    _say(f"{now - t0:5.0f} s  {line}")
+                    last = line
+            time.sleep(0.5)
     finally:
         _say("stopping: sidecar drains, then the engine")
         _stop(sidecar, "sidecar", STOP_TIMEOUT_S)

@@ -12,6 +12,15 @@ import pytest
 
 from helpers import procs
 from helpers.api import assert_openai_error, completion
+from helpers.waiting import wait_until
+
+
+def gauge(client: httpx.Client, url: str, name: str) -> float:
+    """An unlabelled gauge of the sidecar's /metrics page."""
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not on the metrics page")
 
 
 def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine, sidecar_factory, client):
@@ -19,9 +28,9 @@ def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine,
         slow = completion("fake:slow", max_tokens=5, stream=True)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             first = pool.submit(client.post, f"{sc.url}/v1/completions", json=slow)
-            time.sleep(0.3)
+            wait_until(lambda: gauge(client, sc.url, "palmyra_in_flight_requests") == 1, 5, "the first in flight")
             second = pool.submit(client.post, f"{sc.url}/v1/completions", json=slow)  # waits in the queue
-            time.sleep(0.3)
+            wait_until(lambda: gauge(client, sc.url, "palmyra_queued_requests") == 1, 5, "the second queued")
             t0 = time.monotonic()
             third = client.post(f"{sc.url}/v1/completions", json=completion())
             assert time.monotonic() - t0 < 2, "a rejection must not wait for the 30 s queue timeout"
@@ -76,9 +85,10 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(engine, sidecar_factor
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             streams = [pool.submit(stream) for _ in range(3)]
-            time.sleep(0.5)  # all three are mid-stream (8 chunks, 0.3 s apart)
+            # All three are mid-stream (8 chunks, 0.3 s apart) before the signal.
+            wait_until(lambda: gauge(client, sc.url, "palmyra_in_flight_requests") == 3, 5, "three streams in flight")
             sc.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            wait_until(lambda: client.get(f"{sc.url}/ready").json()["phase"] == "draining", 5, "draining")
             # Still listening, but refusing new work with a retryable 503.
             late = client.post(f"{sc.url}/v1/completions", json=completion())
             assert_openai_error(late, 503, "draining")

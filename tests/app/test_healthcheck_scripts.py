@@ -11,7 +11,6 @@ for not ready).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from helpers import procs
 
 PROBE = Path(__file__).resolve().parents[2] / "healthchecks" / "http_probe.py"
 SLOW_S = 6.0  # how long the slow routes stall: well past every timeout used below
@@ -79,10 +80,6 @@ class _Server(ThreadingHTTPServer):
         pass  # the probe hangs up on slow routes on purpose: broken pipes are expected
 
 
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +96,7 @@ def probe_endpoints() -> Iterator[Endpoints]:
             not_ready=f"{base}/ready",
             slow=f"{base}/slow",
             trickle=f"{base}/trickle",
-            down=f"http://127.0.0.1:{_unused_port()}/health",
+            down=f"http://127.0.0.1:{procs.free_port()}/health",
         )
     finally:
         stop.set()

@@ -40,12 +40,6 @@ def image_size(image: str) -> int:
     return int(podman("image", "inspect", image, "--format", "{{.Size}}").stdout.strip())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         try:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.procs import free_port
 from podman_helpers import (
     PODMAN_DIR,
     PROBE,
     BuiltImages,
     completion,
-    free_port,
     http,
     podman,
     port_is_free,

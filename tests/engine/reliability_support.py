@@ -80,18 +80,6 @@ def access_durations_s(server_log: str, status: int) -> list[float]:
     return out
 
 
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> float:
-    """Poll until predicate() is truthy; return the seconds it took. Fails the test on timeout."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            if predicate():
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what} not reached within {timeout_s} s")
-        time.sleep(interval_s)
 
 
 def ready(url: str) -> bool:

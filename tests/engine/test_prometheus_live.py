@@ -9,10 +9,8 @@ engine is unreachable (so the error panels are proven too, without breaking the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -23,6 +21,7 @@ import yaml
 
 from helpers import procs
 from helpers.api import plain_client
+from helpers.modules import load_module
 from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,16 +37,10 @@ RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval: covers both traf
 ALLOWED_EMPTY: dict[str, str] = {}
 
 
-def _load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-dq = _load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
-local_prometheus = _load_module("palmyra_local_prometheus", MON / "local_prometheus.py")
+dq = load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
+local_prometheus = load_module("palmyra_local_prometheus", MON / "local_prometheus.py")
 
 
 def _hostport(url: str) -> str:

@@ -65,11 +65,11 @@ def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3, ok.text
         models = call(client, sidecar.url, "GET", "/v1/models", None, f"bearer {KEY_B}")
         assert models.status_code == 200  # the scheme is case-insensitive, the key is not
-        for path in ("/health", "/health/sidecar", "/ready", "/metrics", "/openapi.json"):
+        for path in ("/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics", "/openapi.json"):
             assert client.get(f"{sidecar.url}{path}").status_code == 200, path
         metrics = client.get(f"{sidecar.url}/metrics").text
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith('palmyra_rejections_total{reason="unauthorized"}'))
+                  if line.startswith('palmyra_rejections_total{reason="invalid_api_key"}'))
     assert counted == refused
     figure("auth", refused_401=refused, routes=len(ROUTES), bad_credentials=len(BAD_AUTH), valid_keys_accepted=2)
 

@@ -13,7 +13,8 @@ import pytest
 
 from helpers import procs
 from reliability_support import (FAST, engine_gauge, figure, generate_ok, long_stream, sidecar_metric, start_streams,
-                                 usage, wait_until)
+                                 usage)
+from helpers.waiting import wait_until
 
 STREAMS, ROUNDS = 16, 3
 CUT_AFTER = 5  # events
@@ -40,7 +41,7 @@ def one_round(sidecar: procs.Server, engine_url: str) -> tuple[int, int, float]:
         t.join(timeout=120)
         assert not t.is_alive()
     t_gone = time.monotonic()
-    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, 10, 0.1,
+    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, 10,
                "the engine's running count back to 0")
     settle_s = time.monotonic() - t_gone
     completed = sum(t.result.done and t.result.tokens == MAX_TOKENS for t in threads)

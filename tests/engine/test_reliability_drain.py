@@ -9,7 +9,8 @@ import time
 
 from helpers import procs
 from helpers.api import HTTP
-from reliability_support import FAST, figure, long_stream, start_streams, wait_until
+from helpers.waiting import wait_until
+from reliability_support import FAST, figure, long_stream, start_streams
 
 STREAMS = 6
 MAX_TOKENS = 800  # seconds for 6 streams on the CPU engine: all still running at SIGTERM
@@ -23,7 +24,7 @@ def test_sigterm_lets_every_in_flight_stream_finish_then_exits_zero(engine_serve
         sc.proc.send_signal(signal.SIGTERM)
         in_flight_at_term = sum(t.is_alive() for t in streams)
         # The listener stays open while draining: newcomers are told to go elsewhere.
-        wait_until(lambda: HTTP.get(f"{sc.url}/ready", timeout=2).status_code == 503, 5, 0.05, "/ready 503")
+        wait_until(lambda: HTTP.get(f"{sc.url}/ready", timeout=2).status_code == 503, 5, "/ready 503", 0.05)
         refused = HTTP.post(f"{sc.url}/v1/completions", timeout=10,
                              json={"model": "palmyra-mini", "prompt": "late", "max_tokens": 2})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining", refused.text

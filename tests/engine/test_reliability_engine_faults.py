@@ -20,7 +20,8 @@ import pytest
 from helpers import procs
 from helpers.api import HTTP
 from reliability_support import (FAST, TransitionWatcher, completion, engine_core, figure, generate_ok,
-                                 long_stream, ready, start_streams, wait_until)
+                                 long_stream, ready, start_streams)
+from helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])
 LIVENESS_BUDGET_S = float(FAST["PALMYRA_LIVENESS_BUDGET_S"])
@@ -113,7 +114,7 @@ def recover(engine: RestartableEngine, sidecar: procs.Server) -> dict:
     engine.stop()
     engine_start_s = engine.start()
     t0 = time.monotonic()
-    ready_after_s = wait_until(lambda: ready(sidecar.url), 120, 0.2, "sidecar ready after the engine restart")
+    ready_after_s = seconds_until(lambda: ready(sidecar.url), 120, "sidecar ready after the engine restart", 0.2)
     assert sidecar.proc.poll() is None, "the sidecar must not have restarted"
     body = HTTP.get(f"{sidecar.url}/ready", timeout=2).json()
     assert body["progress"]["done"] == body["progress"]["total"] > 0
@@ -140,7 +141,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
         assert all(e["error_event"] == "engine_timeout" for e in endings), endings
         assert all(e["after_s"] <= READ_TIMEOUT_S + 1.5 for e in endings), endings
 
-        wait_until(lambda: watcher.unlive_at is not None, 15, 0.1, "/health failing")
+        wait_until(lambda: watcher.unlive_at is not None, 15, "/health failing")
         watcher.finish()
         assert watcher.unready_at is not None and watcher.unlive_status == "engine_hung", watcher.unlive_status
         unready_s, hung_s = watcher.unready_at - t_stop, watcher.unlive_at - t_stop
@@ -150,7 +151,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
     finally:
         os.killpg(engine.pid, signal.SIGCONT)
     t_cont = time.monotonic()
-    wait_until(lambda: ready(sidecar.url), 60, 0.2, "ready again after SIGCONT")
+    wait_until(lambda: ready(sidecar.url), 60, "ready again after SIGCONT", 0.2)
     recovered_s = time.monotonic() - t_cont
     assert liveness(sidecar.url)[0] == 200
     assert generate_ok(sidecar.url)
@@ -164,7 +165,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
 def test_engine_killed_mid_stream(engine, sidecar, target):
     if not engine_intact(engine):  # an earlier test failed half-way: start from a healthy engine
         recover(engine, sidecar)
-    wait_until(lambda: ready(sidecar.url), 60, 0.2, "sidecar ready before the kill")
+    wait_until(lambda: ready(sidecar.url), 60, "sidecar ready before the kill", 0.2)
     # As long as max-model-len allows: the tiny engine streams hundreds of tokens a second.
     streams = start_streams(sidecar.url, STREAMS, long_stream(2000))
     assert all(t.is_alive() for t in streams), "the streams must still be running when the engine dies"
@@ -187,10 +188,14 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
         # machine, 2.8 s once right after the SIGSTOP scenario), so that is reported, not bounded.
         assert e["after_s"] <= float(FAST["PALMYRA_READ_TIMEOUT_S"]) + 1.0, endings
 
-    wait_until(lambda: watcher.unready_at and watcher.unlive_at, 10, 0.05, "/ready and /health failing")
+    wait_until(lambda: watcher.unready_at and watcher.unlive_at, 10, "/ready and /health failing", 0.05)
     watcher.finish()
     unready_s, unlive_s = watcher.unready_at - t_kill, watcher.unlive_at - t_kill
     assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
+    # Readiness follows what the relay sees: unready within 0.5 s of the first stream's end (the
+    # relay reports the cut or the engine's error event; the watcher polls every 50 ms).
+    first_cut_s = min(e["after_s"] for e in endings)
+    assert unready_s <= first_cut_s + 0.5, (unready_s, first_cut_s)
     status, body = liveness(sidecar.url)
     assert status == 503 and body["status"] == "engine_dead", body
     during = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import procs
 from helpers.api import HTTP
+from helpers.waiting import wait_until
 from reliability_support import (FAST, access_durations_s, completion, figure, generate_ok, percentile,
                                  sidecar_metric)
 
@@ -67,7 +68,9 @@ def test_overload_gets_fast_429s_and_bounded_latency_for_the_admitted(sidecar):
     p99_rejected = percentile([t for t, _ in rejected], 99)
     # The assertions use the timings the sidecar logged (arrival to last byte written): the client's
     # also carry the VM's loopback stalls, which have reached seconds under this load.
-    time.sleep(0.2)  # the access log is flushed within 50 ms
+    # The access log is flushed within 50 ms: wait for every request's line.
+    wait_until(lambda: sum(len(access_durations_s(sidecar.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
+               5, "every request in the access log")
     sidecar_admitted, sidecar_rejected = (access_durations_s(sidecar.log(), status) for status in (200, 429))
     figure("overload", sent=len(results), accepted=len(accepted), rejected=len(rejected), other=other,
            capacity=f"{MAX_IN_FLIGHT} in flight + {MAX_QUEUE} queued", burst=BURST, waves=WAVES,

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from helpers.api import HTTP, raw_json_post
-from reliability_support import engine_gauge, wait_until
+from helpers.waiting import wait_until
+from reliability_support import engine_gauge
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_curl_completion_and_request_id(sidecar_server):
 
 
 def wait_engine_idle(engine_url: str, within_s: float) -> None:
-    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s, 0.1,
+    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s,
                "the engine running nothing")
 
 
@@ -122,8 +123,31 @@ def test_client_disconnect_aborts_a_non_streamed_generation_in_the_engine(sideca
     # Nothing comes back until a non-streamed generation is finished, so only the sidecar noticing
     # the socket close can stop it.
     def generation_running(_sock: socket.socket) -> None:
-        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1, 10, 0.05,
-                   "the generation started")
+        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1, 10,
+                   "the generation started", interval_s=0.05)
 
     before = leave_mid_generation(sidecar_server, engine_server.url, LONG_GENERATION, generation_running)
     assert_stopped_early(engine_server.url, before)
+
+
+# What a load-aware router and the dashboards read from the engine's own page.
+ENGINE_SERIES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:cache_config_info")
+
+
+def test_engine_metrics_are_served_unchanged_on_the_sidecar_port(sidecar_server, engine_server):
+    def names(page: str) -> set[str]:
+        return {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line and line[0] != "#"}
+
+    for accept in (None, "application/openmetrics-text; version=1.0.0"):
+        headers = {"Accept": accept} if accept else {}
+        direct = HTTP.get(f"{engine_server.url}/metrics", headers=headers, timeout=10)
+        relayed = HTTP.get(f"{sidecar_server.url}/engine/metrics", headers=headers, timeout=10)  # no key
+        assert relayed.status_code == direct.status_code == 200
+        assert relayed.headers["content-type"] == direct.headers["content-type"]
+        # Counters move between the two scrapes; the series on the page are the same.
+        assert names(relayed.text) == names(direct.text)
+        for series in ENGINE_SERIES:
+            assert series in names(relayed.text), series
+    # vLLM 0.32 exports vllm:lora_requests_info only when LoRA is enabled (it is not here).
+    assert "vllm:lora_requests_info" not in relayed.text

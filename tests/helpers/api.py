@@ -6,6 +6,7 @@ import json
 
 import httpx
 
+
 # Plain-HTTP clients for the tests, which never speak TLS. httpx's default client builds a
 # certificate store first: about 18 ms of CPU in one burst. While the CPU engine generates on
 # these 2-vCPU VMs, a burst like that has waited on the run queue for the whole generation
@@ -33,8 +34,9 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
     return err
 
 
-def raw_json_post(path: str, payload: dict) -> bytes:
+def raw_json_post(path: str, payload: dict, headers: dict[str, str] | None = None) -> bytes:
     """A whole HTTP/1.1 POST as bytes, for tests that hold the socket themselves (to cut it)."""
     body = json.dumps(payload).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body

@@ -8,9 +8,18 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:garbage"   answer bytes that are not HTTP
   "fake:error"     400 with an OpenAI error body
   "fake:slow"      stream chunks 0.3 s apart
+  "fake:tricky-sse"   a stream whose reads split the `data: ` marker and the usage event, whose
+                      text contains "data: ", with two choices (n=2) and a usage report
+  "fake:interim"      100 Continue and 103 Early Hints before the real (JSON) answer
+  "fake:close-delimited"  a JSON answer with neither length nor chunks, ended by closing
+  "fake:trailers"     a chunked JSON answer with trailer fields after its last chunk
+  "fake:big-head"     a response head with 500 header fields
+  "fake:cut-body"     a JSON answer whose connection closes halfway through its Content-Length
+  "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
-POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang"} changes the
-default behaviour; GET /fake/stats reports what it saw (aborted streams, request ids).
+POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
+"metrics": "ok"|"huge"|"fail"} changes the default behaviour; GET /fake/stats reports what it saw
+(aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S]
 """
 
@@ -23,7 +32,12 @@ import time
 
 from aiohttp import web
 
-STATE = {"health": "ok", "generate": "ok"}
+STATE = {"health": "ok", "generate": "ok", "metrics": "ok"}
+METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                b"# TYPE vllm:num_requests_running gauge\n"
+                b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": []}
 
 
@@ -33,6 +47,31 @@ def _chunk(i: int, chat: bool) -> bytes:
     else:
         payload = {"object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}]}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _raw(request: web.Request, data: bytes) -> None:
+    """Write bytes straight to the socket (faults aiohttp would not produce) and close it."""
+    request.transport.write(data)
+    request.transport.close()
+
+
+def _tricky_stream() -> list[bytes]:
+    """Reads of a stream the old count-the-markers accounting got wrong: 6 tokens in 2 choices."""
+    def ev(choice: int, text: str) -> bytes:
+        return b"data: " + json.dumps({"object": "text_completion",
+                                       "choices": [{"index": choice, "text": text}]}).encode() + b"\n\n"
+    usage = b"data: " + json.dumps({"object": "text_completion", "choices": [], "usage": USAGE_TRICKY}).encode()
+    stream = (ev(0, "data: ") + ev(1, "a") + ev(0, "x\n\ndata: y") + ev(1, "b") + ev(0, "c") + ev(1, "data: [DONE]")
+              + usage + b"\n\ndata: [DONE]\n\n")
+    cuts = [2, stream.index(b"data: ", 10) + 3, stream.index(b'"completion_tokens"') + 4, len(stream) - 3]
+    return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+
+async def engine_metrics(_: web.Request) -> web.Response:
+    if STATE["metrics"] == "fail":
+        return web.Response(status=500, text="metrics broke")
+    body = METRICS_PAGE * (200_000 if STATE["metrics"] == "huge" else 1)
+    return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 
 async def health(_: web.Request) -> web.Response:
@@ -78,6 +117,38 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if mode == "fake:error":
         return web.json_response({"error": {"message": "bad sampling parameter", "type": "BadRequestError",
                                             "param": "temperature", "code": 400}}, status=400)
+    if mode == "fake:read-and-close":
+        request.transport.close()
+        await asyncio.sleep(0.1)
+        return web.Response()
+    answer = json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": "t0t1"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+    raw = {
+        "fake:interim": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(answer), answer)),
+        "fake:close-delimited": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + answer,
+        "fake:trailers": (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+                          b"trailer: x-smuggled\r\nconnection: close\r\n\r\n%x\r\n%s\r\n0\r\n"
+                          b"x-smuggled: 1\r\nset-cookie: evil=1\r\n\r\n" % (len(answer), answer)),
+        "fake:big-head": (b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(500))
+                          + b"content-length: 2\r\n\r\n{}"),
+        "fake:cut-body": (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                          % (len(answer) * 2, answer)),
+    }
+    if mode in raw:
+        _raw(request, raw[mode])
+        await asyncio.sleep(0.1)
+        return web.Response()
+    if mode == "fake:tricky-sse":
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in _tricky_stream():
+            await resp.write(piece)
+            await asyncio.sleep(0.02)  # separate reads at the relay
+        await resp.write_eof()
+        STATS["completed"] += 1
+        return resp
     if mode == "fake:garbage":
         request.transport.write(b"\x00\x01 this is not HTTP\r\n\r\n")
         request.transport.close()
@@ -115,6 +186,7 @@ def main() -> None:
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", engine_metrics)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_get("/fake/stats", stats)

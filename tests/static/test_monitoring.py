@@ -4,11 +4,9 @@ against a real Prometheus scraping Ascend npu-exporter's recorded /metrics page.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.modules import load_module
 from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,17 +66,11 @@ REQUIRED_METRICS = {
 }
 
 
-def _load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
-dq = _load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
-local_prometheus = _load_module("palmyra_local_prometheus", MON / "local_prometheus.py")
-generator = _load_module("palmyra_generate_dashboards", MON / "grafana" / "generate_dashboards.py")
+dq = load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
+local_prometheus = load_module("palmyra_local_prometheus", MON / "local_prometheus.py")
+generator = load_module("palmyra_generate_dashboards", MON / "grafana" / "generate_dashboards.py")
 
 
 def _yaml(path: Path):

@@ -19,6 +19,13 @@ OK_LENGTH = b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nconten
 Handler = Callable[[int, int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 
 
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Until condition() holds (polled on the loop, so the pool's callbacks run meanwhile)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
@@ -103,10 +110,10 @@ def test_content_length_body_and_raw_headers_are_kept():
     asyncio.run(scenario())
 
 
-def test_kept_alive_connection_closed_by_the_engine_is_retried_once_on_a_fresh_one():
+def test_a_request_written_to_a_reused_connection_that_closes_unanswered_is_not_sent_again():
     async def handler(conn: int, req: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if conn == 1 and req == 2:
-            return False  # the engine's keep-alive close, racing our reuse: not a byte answered
+            return False  # read the request, then close: the engine may have started a generation
         writer.write(OK_CHUNKED)
         await writer.drain()
         return True
@@ -115,11 +122,34 @@ def test_kept_alive_connection_closed_by_the_engine_is_retried_once_on_a_fresh_o
         server = ScriptedServer(handler)
         async with server as url:
             pool = EnginePool(url, 2, 5)
-            for _ in range(2):
-                resp = await pool.request("POST", b"/v1/completions", [], b"{}")
-                assert await resp.read() == b"data: x\n"
-                resp.release()
-        assert server.connections == 2 and len(server.requests) == 3
+            resp = await pool.request("POST", b"/v1/completions", [], b"{}")
+            assert await resp.read() == b"data: x\n"
+            resp.release()
+            with pytest.raises(UpstreamError) as exc:
+                await pool.request("POST", b"/v1/completions", [], b"{}")
+            assert exc.value.code == "bad_upstream"
+        # The second request reached the engine once, and only once: a generation never runs twice.
+        assert server.connections == 1 and len(server.requests) == 2
+    asyncio.run(scenario())
+
+
+def test_a_pooled_connection_the_engine_closed_while_idle_is_not_used():
+    async def handler(conn: int, _req: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(OK_CHUNKED)
+        await writer.drain()
+        return conn != 1  # the first connection is closed by the engine right after its answer
+
+    async def scenario():
+        server = ScriptedServer(handler)
+        async with server as url:
+            pool = EnginePool(url, 2, 5)
+            resp = await pool.request("POST", b"/v1/completions", [], b"{}")
+            await resp.read()
+            resp.release()
+            await wait_for(lambda: not pool._idle or pool._idle[0].closed)
+            resp = await pool.request("POST", b"/v1/completions", [], b"{}")
+            assert await resp.read() == b"data: x\n"
+        assert server.connections == 2 and len(server.requests) == 2
     asyncio.run(scenario())
 
 
@@ -129,16 +159,7 @@ def test_fresh_connection_closed_without_an_answer_is_an_error_not_a_retry():
         async with server as url:
             with pytest.raises(UpstreamError) as exc:
                 await EnginePool(url, 2, 5).request("POST", b"/v1/completions", [], b"{}")
-        assert exc.value.kind == "protocol" and server.connections == 1
-    asyncio.run(scenario())
-
-
-def test_garbage_instead_of_http_is_a_protocol_error():
-    async def scenario():
-        async with ScriptedServer(answer(b"this is not HTTP at all\r\n\r\n")) as url:
-            with pytest.raises(UpstreamError) as exc:
-                await EnginePool(url, 2, 5).request("GET", b"/v1/models", [], b"")
-        assert type(exc.value) is UpstreamError and exc.value.kind == "protocol"
+        assert exc.value.code == "bad_upstream" and server.connections == 1
     asyncio.run(scenario())
 
 
@@ -150,7 +171,7 @@ def test_refused_connection_is_connect_failed():
         await server.wait_closed()
         with pytest.raises(ConnectFailed) as exc:
             await EnginePool(f"http://127.0.0.1:{port}", 2, 5).request("GET", b"/v1/models", [], b"")
-        assert exc.value.kind == "connect"
+        assert exc.value.code == "engine_unavailable"
     asyncio.run(scenario())
 
 
@@ -173,7 +194,7 @@ def test_silence_before_the_head_and_inside_the_body_times_out():
             assert await resp.read_some() == b"data: x\n"
             with pytest.raises(UpstreamTimeout) as exc:
                 await resp.read_some()
-            assert exc.value.kind == "timeout"
+            assert exc.value.code == "engine_timeout"
     asyncio.run(scenario())
 
 
@@ -189,7 +210,7 @@ def test_engine_dying_mid_body_is_a_stream_interruption_after_the_bytes_that_arr
             assert await resp.read_some() == b"data: "
             with pytest.raises(StreamInterrupted) as exc:
                 await resp.read_some()
-            assert exc.value.kind == "stream_interrupted"
+            assert exc.value.code == "stream_interrupted"
     asyncio.run(scenario())
 
 
@@ -222,9 +243,9 @@ def test_a_reader_that_falls_behind_pauses_the_engine_socket_until_it_catches_up
     async def scenario():
         async with ScriptedServer(answer(body)) as url:
             resp = await EnginePool(url, 2, 5).request("GET", b"/big", [], b"")
-            await asyncio.sleep(0.2)  # let the engine's bytes pile up unread
             conn = resp._conn
-            assert conn.paused and conn.buffered < total // 2  # reading stopped well before the end
+            await wait_for(lambda: conn.paused)  # the engine's bytes pile up unread until reading stops
+            assert conn.buffered < total // 2  # reading stopped well before the end
             assert len(await resp.read()) == total and not conn.paused
     asyncio.run(scenario())
 
@@ -241,4 +262,72 @@ def test_idle_connections_are_retired_before_the_engine_would_close_them(monkeyp
             resp = await pool.request("GET", b"/a", [], b"")
             await resp.read()
         assert server.connections == 2
+    asyncio.run(scenario())
+
+
+def test_interim_1xx_responses_are_skipped_and_the_final_one_is_the_answer():
+    interim = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n")
+
+    async def scenario():
+        server = ScriptedServer(answer(interim + OK_LENGTH))
+        async with server as url:
+            pool = EnginePool(url, 2, 5)
+            for _ in range(2):  # and the connection stays usable after them
+                resp = await pool.request("POST", b"/v1/completions", [], b"{}")
+                assert (resp.status, resp.reason) == (404, "Not Found")
+                assert [k for k, _ in resp.raw_headers] == [b"Content-Type", b"content-length"]
+                assert await resp.read() == b"{}"
+                resp.release()
+        assert server.connections == 1
+    asyncio.run(scenario())
+
+
+def test_a_close_delimited_body_is_complete_at_the_close():
+    async def close_delimited(_c: int, _q: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"a\":")
+        await writer.drain()
+        writer.write(b"1}")
+        await writer.drain()
+        return False
+
+    async def scenario():
+        async with ScriptedServer(close_delimited) as url:
+            pool = EnginePool(url, 2, 5)
+            resp = await pool.request("GET", b"/v1/models", [], b"")
+            assert await resp.read() == b'{"a":1}'
+            assert resp._conn.complete and resp._conn.error is None
+            resp.release()
+            assert not pool._idle  # its connection is gone: never pooled
+    asyncio.run(scenario())
+
+
+def test_trailers_of_a_chunked_body_are_dropped_not_added_to_the_headers():
+    trailed = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+               b"trailer: x-evil\r\n\r\n6\r\ndata: \r\n2\r\nx\n\r\n0\r\nx-evil: 1\r\nset-cookie: a=b\r\n\r\n")
+
+    async def scenario():
+        async with ScriptedServer(answer(trailed)) as url:
+            pool = EnginePool(url, 2, 5)
+            resp = await pool.request("GET", b"/a", [], b"")
+            assert await resp.read() == b"data: x\n"
+            names = [k for k, _ in resp.raw_headers]
+            assert names == [b"content-type", b"transfer-encoding", b"trailer"]
+            resp.release()
+            assert len(pool._idle) == 1  # a complete, reusable response
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("head", [
+    b"this is not HTTP at all\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",  # no upgrade was asked for
+    b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(101)) + b"content-length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nx-big: " + b"v" * (70 * 1024) + b"\r\ncontent-length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nx-endless: " + b"v" * (300 * 1024),  # never ends: refused before it does
+], ids=["garbage", "101", "too-many-fields", "too-large", "never-ending-field"])
+def test_an_unreadable_or_oversized_engine_head_is_a_protocol_error(head: bytes):
+    async def scenario():
+        async with ScriptedServer(answer(head)) as url:
+            with pytest.raises(UpstreamError) as exc:
+                await EnginePool(url, 2, 5).request("GET", b"/v1/models", [], b"")
+            assert type(exc.value) is UpstreamError and exc.value.code == "bad_upstream"
     asyncio.run(scenario())

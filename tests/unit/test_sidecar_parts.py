@@ -47,7 +47,8 @@ def test_admission_queue_timeout_and_drain():
             await adm.acquire()
         assert exc.value.code == "queue_timeout" and adm.queued == 0
         drained = asyncio.create_task(adm.drain(5))
-        await asyncio.sleep(0.01)
+        while not adm.draining:  # the drain task has begun
+            await asyncio.sleep(0)
         with pytest.raises(errors.ApiError) as exc:
             await adm.acquire()
         assert exc.value.status == 503
@@ -99,15 +100,34 @@ def test_liveness_starting_dead_hung_and_readiness():
     assert not h.readiness()[0] and h.readiness()[1]["phase"] == "draining" and h.liveness()[0]
 
 
+def test_a_relay_failure_drops_readiness_until_a_poll_sent_after_it():
+    clock = Clock()
+    h = HealthState(SidecarMetrics(), liveness_budget_s=30, clock=clock)
+    h.record_health(True, "ok")
+    h.set_phase("ready")
+    asked_before = clock.t
+    clock.t += 0.1
+    h.report_engine_failure("stream_interrupted")
+    ready, body = h.readiness()
+    assert not ready and body["relay_failure"] == "stream_interrupted"
+    assert h.liveness()[0]  # one cut stream is not a dead engine: liveness waits for the poll
+    h.record_health(True, "ok", asked_at=asked_before)  # a poll already under way says nothing of it
+    assert not h.readiness()[0]
+    clock.t += 0.1
+    h.record_health(True, "ok", asked_at=clock.t)
+    assert h.readiness()[0] and h.readiness()[1]["relay_failure"] is None
+
+
 def test_request_ids_and_usage_parsing():
     assert request_id_from(b"abc-DEF_1.2:3") == "abc-DEF_1.2:3"
     assert len(request_id_from(b"has space")) == 32 and len(request_id_from(b"x" * 129)) == 32
-    assert _usage(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}') == {"prompt_tokens": 3,
-                                                                                   "completion_tokens": 5}
-    chunk = b'data: {"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":3}}\n\ndata: [DONE]\n\n'
-    assert _usage(chunk)["completion_tokens"] == 3
-    assert _usage(b'data: {"choices":[]}\n\n') is None
-    assert _usage(b'data: {"usage":{"trunc') is None
+    # A non-streamed body's usage, from the pieces it arrived in (SSE usage: tests/unit/test_sse.py).
+    assert _usage([b'{"usage": {"prompt_tokens": 3, ', b'"completion_tokens": 5}}']) == {"prompt_tokens": 3,
+                                                                                          "completion_tokens": 5}
+    assert _usage([b'{"choices": []}']) is None
+    assert _usage([b'{"usage": null}']) is None
+    assert _usage([b'{"usage":{"trunc']) is None
+    assert _usage(None) is None  # too large to have been kept
 
 
 def test_engine_error_bodies_are_made_openai_shaped():
@@ -142,7 +162,9 @@ def test_access_log_writes_one_json_line_per_request_buffered_briefly():
             log.write(1796400000.25, {"request_id": "a", "status": 200})
             log.write(1796400000.5, {"request_id": "b", "status": 429})
             assert stream.getvalue() == ""  # held back, not a write per request
-            await asyncio.sleep(access_log.FLUSH_S * 3)
+            async with asyncio.timeout(5):  # flushed within FLUSH_S, with no further write to trigger it
+                while stream.getvalue().count("\n") < 2:
+                    await asyncio.sleep(access_log.FLUSH_S / 5)
             return stream.getvalue().splitlines()
         lines = [json.loads(line) for line in asyncio.run(scenario())]
     finally:
@@ -168,3 +190,14 @@ def test_access_log_is_silent_above_info():
     finally:
         logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.NOTSET)
     assert stream.getvalue() == ""
+
+
+def test_response_headers_drop_hop_by_hop_ones_and_those_connection_names():
+    from palmyra_serve.sidecar.proxy import _response_headers
+
+    class Resp:
+        raw_headers = [(b"Content-Type", b"application/json"), (b"Connection", b"keep-alive, X-Hop"),
+                       (b"x-hop", b"1"), (b"Proxy-Connection", b"keep-alive"), (b"Keep-Alive", b"timeout=5"),
+                       (b"Transfer-Encoding", b"chunked"), (b"x-kept", b"2"), (b"server", b"uvicorn")]
+    headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
+    assert headers == [(b"Content-Type", b"application/json"), (b"x-kept", b"2"), (b"x-request-id", b"rid-1")]

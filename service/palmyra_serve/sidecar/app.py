@@ -1,8 +1,8 @@
 """create_app(): the sidecar as one ASGI application.
 
 `/v1/*`, `/tokenize` and `/detokenize` go straight to the raw-ASGI relay (proxy.py): the hot path
-pays for no framework. Everything else (health, readiness, metrics, the OpenAPI document) is a
-small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health poller
+pays for no framework. Everything else (health, readiness, metrics, the engine's own metrics page
+at /engine/metrics, the OpenAPI document) is a small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health poller
 and the warmup supervisor.
 """
 
@@ -15,12 +15,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission import Admission
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.engine_pool import EnginePool
@@ -28,10 +29,14 @@ from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.proxy import ROUTE_OF, Proxy
-from palmyra_serve.sidecar.upstream import EngineClient, new_session
+from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge, new_session
 from palmyra_serve.sidecar.warmup import Supervisor
 
 log = logging.getLogger("palmyra.sidecar")
+
+# /engine/metrics: under Prometheus' default scrape timeout (10 s); a vLLM page is some hundred KiB.
+ENGINE_METRICS_TIMEOUT_S = 5.0
+ENGINE_METRICS_MAX_BYTES = 16 * 1024 * 1024
 
 
 class SidecarState:
@@ -126,6 +131,29 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
     @control.get("/metrics", summary="Prometheus metrics of the sidecar")
     async def metrics_page() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @control.get("/engine/metrics", summary="The engine's own Prometheus metrics, relayed unchanged")
+    async def engine_metrics(request: Request) -> Response:
+        # No key, like /metrics: it is what Prometheus and a load-aware router scrape. The engine
+        # itself listens where only this sidecar reaches it.
+        assert state.session is not None
+        engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
+        asked = {name: value for name in ("Accept", "Accept-Encoding") if (value := request.headers.get(name))}
+        try:
+            page = await engine.metrics(asked, ENGINE_METRICS_TIMEOUT_S, ENGINE_METRICS_MAX_BYTES)
+        except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge) as exc:
+            code = (errors.ENGINE_TIMEOUT if isinstance(exc, TimeoutError) else
+                    errors.BAD_UPSTREAM if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError) else
+                    errors.ENGINE_UNAVAILABLE)
+            log.warning("engine metrics unavailable", extra={"fields": {"error": code, "detail": str(exc)[:300]}})
+            failure = errors.upstream(code, settings.retry_after_s)
+            # 503 for every failure here: to a scraper the page is simply not there right now.
+            return Response(failure.body(), status_code=503, media_type="application/json",
+                            headers={"Retry-After": str(settings.retry_after_s)})
+        headers = {"Content-Type": page.content_type}
+        if page.content_encoding:
+            headers["Content-Encoding"] = page.content_encoding
+        return Response(page.body, status_code=page.status, headers=headers)
 
     add_proxied_routes(control)
     return SidecarApp(control, state)

@@ -9,7 +9,13 @@ the engine wrote back to back costs one wakeup and one write to the client. aioh
 the control-plane calls (upstream.py), where its convenience costs nothing that matters.
 
 Deliberately narrow: one origin, HTTP/1.1, no redirects, cookies, proxies or decompression;
-bodies are relayed as the engine sent them, de-chunked.
+bodies are relayed as the engine sent them, de-chunked. Interim (1xx) responses are skipped,
+bodies delimited by the connection's close are complete at the close, trailers are dropped, and
+an engine whose response head is too large or has too many fields is a protocol error.
+
+A request is never sent twice: once its bytes are written the engine may have acted on it (a
+generation could run twice), whatever the connection does next. Reused connections are retired
+well before the engine's keep-alive timeout instead (MAX_IDLE_S).
 """
 
 from __future__ import annotations
@@ -22,30 +28,44 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from palmyra_serve.sidecar import errors
+
 # Above this much unread body the engine connection stops being read, so a slow client slows the
 # engine's socket instead of growing the sidecar's memory.
 HIGH_WATER = 256 * 1024
 # The engine's uvicorn closes idle keep-alive connections after 5 s (vLLM's default); reusing one
-# near that edge races its close, so idle connections are retired a little earlier.
+# near that edge races its close, and a request written into that race fails without a retry
+# (see the module doc), so idle connections are retired a full second earlier.
 MAX_IDLE_S = 4.0
+# Bounds on the engine's response head (status line and fields, interim responses included):
+# vLLM sends under 1 KiB in a handful of fields; far more is a misbehaving engine, not data to hold.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
 
 
 class UpstreamError(Exception):
-    """A failure talking to the engine; `kind` is the label of palmyra_upstream_errors."""
+    """A failure talking to the engine. `code` is its error code (errors.py maps it to the status
+    the client gets) and the label of palmyra_upstream_errors."""
 
-    kind = "protocol"
+    code = errors.BAD_UPSTREAM
 
 
 class ConnectFailed(UpstreamError):
-    kind = "connect"
+    """Nothing was written: the engine cannot have seen the request."""
+
+    code = errors.ENGINE_UNAVAILABLE
 
 
 class UpstreamTimeout(UpstreamError):
-    kind = "timeout"
+    code = errors.ENGINE_TIMEOUT
 
 
 class StreamInterrupted(UpstreamError):
-    kind = "stream_interrupted"
+    code = errors.STREAM_INTERRUPTED
+
+
+class _HeadTooLarge(Exception):
+    """Raised inside a parser callback; becomes an UpstreamError."""
 
 
 class _Connection(asyncio.Protocol):
@@ -66,9 +86,12 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.body: list[bytes] = []
         self.buffered = 0
         self.head_done = False
+        self.interim = False
+        self.close_delimited = False
         self.complete = False
         self.keep_alive = False
         self.got_bytes = False
@@ -83,8 +106,15 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.error = UpstreamError(f"unreadable response from the engine: {exc}")
+            if not self.head_done:
+                # Counted per read, before the parser's callbacks see a field: a never-ending
+                # field would otherwise grow inside the parser unseen.
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD_BYTES:
+                    raise _HeadTooLarge(f"over {MAX_HEAD_BYTES} bytes")
+        except (httptools.HttpParserError, _HeadTooLarge) as exc:
+            cause = exc.__context__ if isinstance(exc.__context__, _HeadTooLarge) else exc
+            self.error = UpstreamError(f"unreadable response from the engine: {cause}")
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
         if self.buffered > HIGH_WATER and not self.paused:
@@ -94,6 +124,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.close_delimited and self.head_done and not self.complete and self.error is None and exc is None:
+            self.complete = True  # no length, not chunked: the body ends where the connection does
+            self.keep_alive = False
         if not self.complete and self.error is None:
             if self.head_done:
                 self.error = StreamInterrupted("the engine closed the connection mid-response")
@@ -102,21 +135,49 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if not self.head_done:  # after an interim response: the final one starts afresh
+            self.reason = b""
+            self.headers = []
+
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self.head_done:
+            return  # a chunked body's trailer: never relayed (the head is gone already), never kept
+        headers = self.headers
+        headers.append((name, value))
+        if len(headers) > MAX_HEADERS:
+            raise _HeadTooLarge(f"over {MAX_HEADERS} header fields")
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge(f"over {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise _HeadTooLarge("101 Switching Protocols: no upgrade was asked for")
+            self.interim = True  # 100 Continue, 103 Early Hints...: not the answer, skipped
+            return
+        self.status = status
         self.head_done = True
+        framed = False
+        for name, value in self.headers:
+            lname = name.lower()
+            if lname == b"content-length" or (lname == b"transfer-encoding" and b"chunked" in value.lower()):
+                framed = True
+        self.close_delimited = not framed and status not in (204, 304)
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
         self.buffered += len(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         # Asked here, while the parser still holds this message's flags; once the next message
         # begins (even within the same read) it answers for that one.
         self.keep_alive = self.parser.should_keep_alive()
@@ -174,7 +235,7 @@ class _Connection(asyncio.Protocol):
 class EngineResponse:
     """Status and headers of an engine response; its body is read piece by piece as it arrives."""
 
-    __slots__ = ("_conn", "_pool", "status", "reason", "raw_headers", "content_type")
+    __slots__ = ("_conn", "_pool", "content_type", "raw_headers", "reason", "status")
 
     def __init__(self, conn: _Connection, pool: EnginePool) -> None:
         self._conn = conn
@@ -238,31 +299,24 @@ class EnginePool:
         head.append(b"\r\n")
         message = b"".join(head) + body
         head_only = method == "HEAD"
-        while True:
-            conn = self._take()
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect()
-            conn.reset()
-            conn.transport.write(message)  # type: ignore[union-attr]
-            try:
-                while not conn.head_done:
-                    if conn.error is not None:
-                        raise conn.error
-                    await conn.wait(self.read_timeout_s)
-            except BaseException as exc:
-                conn.abort()
-                # A kept-alive connection the engine closed just as it was reused (a plain
-                # UpstreamError, not a timeout): nothing was read, nothing was processed; send
-                # again on a fresh one.
-                if reused and not conn.got_bytes and type(exc) is UpstreamError:
-                    continue
-                raise
-            if head_only:  # no body follows, whatever the headers say; the connection is not reused
-                conn.complete = True
-                conn.keep_alive = False
-                conn.abort()
-            return EngineResponse(conn, self)
+        conn = self._take() or await self._connect()
+        conn.reset()
+        # From here on the request may have reached the engine: it is never sent again, even when
+        # a reused connection turns out closed with nothing answered (an error the client sees).
+        conn.transport.write(message)  # type: ignore[union-attr]
+        try:
+            while not conn.head_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(self.read_timeout_s)
+        except BaseException:
+            conn.abort()
+            raise
+        if head_only:  # no body follows, whatever the headers say; the connection is not reused
+            conn.complete = True
+            conn.keep_alive = False
+            conn.abort()
+        return EngineResponse(conn, self)
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -280,7 +334,7 @@ class EnginePool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to be closing
-            if not conn.closed and now - conn.idle_since < MAX_IDLE_S:
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < MAX_IDLE_S:  # type: ignore[union-attr]
                 return conn
             conn.abort()
         return None

@@ -1,7 +1,9 @@
 """OpenAI-shaped errors: the one place that maps a failure to a status, a body and headers.
 
 Upstream error bodies are relayed unchanged by the proxy; everything here is an error the sidecar
-itself decides (its own rejections, or an engine it cannot talk to).
+itself decides (its own rejections, or an engine it cannot talk to). The error code is also the
+metric label: a rejection counts in palmyra_rejections_total{reason=<code>}, a failure talking to
+the engine in palmyra_upstream_errors_total{kind=<code>} (reason == code, one vocabulary).
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ class ApiError(Exception):
     def sse_event(self) -> bytes:
         """The same error as a final server-sent event, for streams that already started."""
         return b"data: " + self.body() + b"\n\ndata: [DONE]\n\n"
+
+
+# Codes of failures talking to the engine (engine_pool.py raises them, upstream() maps them).
+ENGINE_UNAVAILABLE = "engine_unavailable"  # connection refused or unreachable: nothing was sent
+ENGINE_TIMEOUT = "engine_timeout"  # no connection, or silence past the read timeout
+BAD_UPSTREAM = "bad_upstream"  # not HTTP, a head over the limits, closed with no answer
+STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
+UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
+# Codes of the sidecar's own refusals, pre-created as palmyra_rejections_total series; a code
+# added below counts the same way (its series appears on first use).
+REJECTION_CODES = ("queue_full", "queue_timeout", "request_too_large", "request_timeout", "max_tokens_too_large",
+                   "invalid_json", "draining", "invalid_api_key")
 
 
 def unauthorized() -> ApiError:
@@ -90,6 +104,17 @@ def bad_upstream() -> ApiError:
 def stream_interrupted() -> ApiError:
     return ApiError(502, "The inference engine stopped in the middle of the stream.", "bad_gateway",
                     "stream_interrupted")
+
+
+def upstream(code: str, retry_after: int) -> ApiError:
+    """The error a client gets for a failure talking to the engine, by its code."""
+    if code == ENGINE_UNAVAILABLE:
+        return engine_unavailable(retry_after)
+    if code == ENGINE_TIMEOUT:
+        return engine_timeout()
+    if code == STREAM_INTERRUPTED:
+        return stream_interrupted()
+    return bad_upstream()
 
 
 def openai_shaped(status: int, body: bytes, reason: str) -> bytes | None:

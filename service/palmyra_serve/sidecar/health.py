@@ -4,7 +4,12 @@ Liveness is the sidecar's judgement of the engine (the engine container's probe)
 the engine is dead (its /health refuses or errors after having answered once) or hung (its
 /health, or every generation, has been failing for longer than the liveness budget). Readiness is
 earned by the warmup job (warmup.py) and lost when the engine stops answering, the canary keeps
-failing, or the sidecar drains.
+failing, or the sidecar drains. The relay reports what it sees at once (a refused connection, a
+stream cut by the engine): readiness drops on that report, and the next health poll that began
+after it confirms or clears it. Liveness waits for the poll: one cut stream is not a dead engine.
+
+The body of /ready holds words of the sidecar's own (phase, a short reason); the engine's error
+texts go to the log only.
 """
 
 from __future__ import annotations
@@ -34,17 +39,28 @@ class HealthState:
         self.generation_failing_since: float | None = None
         self.last_generation_ok: float | None = None
         self.warmup_seconds: float | None = None
+        self.relay_failure: str | None = None  # what the relay last saw fail, until a later poll
+        self.relay_failure_at = 0.0
         metrics.set_phase(self.phase)
         # Judged at scrape time: a hang becomes visible as time passes, with no event to publish it.
         metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         metrics.engine_live.set_function(lambda: 1.0 if self.liveness()[0] else 0.0)
 
     # --- inputs -----------------------------------------------------------------------
-    def record_health(self, ok: bool, status: str) -> None:
+    def record_health(self, ok: bool, status: str, asked_at: float | None = None) -> None:
+        """A health poll's answer; `asked_at` (this state's clock) is when the poll was sent."""
         now = self.clock()
         self.engine_status = status
         if ok:
             self.last_engine_ok = now
+        if self.relay_failure is not None and (asked_at is None or asked_at >= self.relay_failure_at):
+            self.relay_failure = None  # a poll sent after the report has judged the engine since
+
+    def report_engine_failure(self, code: str) -> None:
+        """The relay saw the engine fail (an error code of errors.py): not ready until a health
+        poll sent after this moment says otherwise."""
+        self.relay_failure = code
+        self.relay_failure_at = self.clock()
 
     def record_generation(self, ok: bool) -> None:
         now = self.clock()
@@ -81,7 +97,8 @@ class HealthState:
         return status == "ok", {"status": status, "detail": detail, "engine_health": self.engine_status}
 
     def readiness(self) -> tuple[bool, dict]:
-        ready = self.phase == "ready" and not self.draining and self.engine_status == "ok"
+        ready = (self.phase == "ready" and not self.draining and self.engine_status == "ok"
+                 and self.relay_failure is None)
         body = {
             "ready": ready,
             "phase": self.phase,
@@ -89,6 +106,7 @@ class HealthState:
             "last_error": self.last_error,
             "weights": self.weights,
             "engine_health": self.engine_status,
+            "relay_failure": self.relay_failure,
             "warmup_seconds": self.warmup_seconds,
         }
         return ready, body
@@ -98,6 +116,7 @@ async def poll_engine_health(state: HealthState, engine: EngineClient, interval_
     """Forever: ask the engine's /health, record the answer. A hang shows as a timeout."""
     timeout = max(1.0, min(5.0, interval_s * 2))
     while True:
+        asked_at = state.clock()
         ok, status = await engine.health(timeout)
-        state.record_health(ok, status)
+        state.record_health(ok, status, asked_at)
         await asyncio.sleep(interval_s)

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from palmyra_serve import __version__
+from palmyra_serve.sidecar import errors
 
 ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
-REJECTION_REASONS = ("queue_full", "queue_timeout", "body_too_large", "body_timeout", "max_tokens_too_large",
-                     "invalid_json", "draining", "unauthorized")
-UPSTREAM_ERROR_KINDS = ("connect", "timeout", "protocol", "stream_interrupted")
+# Label values are error codes (errors.py): a rejection's reason and an upstream failure's kind
+# are the `code` of the error the client got.
+REJECTION_REASONS = errors.REJECTION_CODES
+UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
 
 # LLM-sized buckets: a first token in milliseconds, a long generation in minutes.
@@ -37,18 +45,18 @@ class SidecarMetrics:
                               "Time from request arrival to the first response body byte sent to the client.",
                               ["route"], buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("palmyra_inter_token_latency_seconds",
-                             "Mean gap between streamed chunks of one response (one observation per stream).",
+                             "Mean gap between the token events of one choice of a stream (one observation per stream).",
                              ["route"], buckets=ITL_BUCKETS, registry=r)
         self.output_tokens = Counter("palmyra_output_tokens",
-                                     "Generated tokens relayed (engine usage when reported, else streamed chunks).",
+                                     "Generated tokens relayed (engine usage when reported, else text-bearing stream events).",
                                      ["route"], registry=r)
         self.prompt_tokens = Counter("palmyra_prompt_tokens", "Prompt tokens, from the engine's usage reports.",
                                      ["route"], registry=r)
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
-        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason.", ["reason"],
+        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"],
                                   registry=r)
-        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind.", ["kind"],
+        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"],
                                        registry=r)
         self.ready = Gauge("palmyra_ready", "1 when this replica is ready for traffic (warmup done, engine answers).",
                            registry=r)
@@ -82,6 +90,13 @@ class SidecarMetrics:
         for outcome in ("success", "failure"):
             self.warmup_runs.labels(outcome)
         self._request_children: dict[tuple[str, int], Counter] = {}
+
+    def reject(self, code: str) -> None:
+        """Count a refusal under its error code (codes come from errors.py's fixed constructors)."""
+        self.rejections.labels(code).inc()
+
+    def upstream_error(self, code: str) -> None:
+        self.upstream_errors.labels(code).inc()
 
     def count_request(self, route: str, status: int) -> None:
         child = self._request_children.get((route, status))

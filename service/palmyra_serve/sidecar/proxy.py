@@ -15,14 +15,15 @@ from typing import Any
 
 import orjson
 
+from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.access_log import AccessLog
 from palmyra_serve.sidecar.admission import Admission
 from palmyra_serve.sidecar.auth import ApiKeys
-from palmyra_serve.sidecar.engine_pool import ConnectFailed, EnginePool, EngineResponse, UpstreamError, UpstreamTimeout
+from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.sse import SseAccount
 
 ROUTE_OF = {
     "/v1/completions": "completions",
@@ -36,12 +37,15 @@ GENERATION_ROUTES = frozenset({"completions", "chat_completions"})
 DROP_REQUEST = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                           b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
                           b"authorization", b"x-request-id", b"expect"})
-# Not relayed back: hop-by-hop headers, and the ones uvicorn writes itself.
-DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer", b"date",
-                           b"server", b"x-request-id", b"proxy-authenticate"})
+# Not relayed back: hop-by-hop headers (RFC 9110 7.6.1), and the ones uvicorn writes itself.
+DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+                           b"upgrade", b"trailer", b"date", b"server", b"x-request-id", b"proxy-authenticate"})
 SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
-SSE_DATA = b"data: "
-USAGE_KEY = b'"usage":'
+# An engine error body is read whole to reshape it; a non-streamed generation's to read its usage.
+MAX_ERROR_BODY = 1024 * 1024
+MAX_KEPT_BODY = 8 * 1024 * 1024
+# What /ready's relay_failure says when a stream carried the engine's own error event.
+ENGINE_ERROR_EVENT = "engine_error_event"
 
 
 class ClientGone(Exception):
@@ -170,10 +174,10 @@ class Proxy:
         gone = _Gone()
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, gone))
         try:
-            resp = await self._open(scope["method"], target, fwd, body)
+            resp = await self._open(scope["method"], target, fwd, body, record)
             try:
                 if resp.status >= 400:
-                    return await self._relay_error(send, resp, rid)
+                    return await self._relay_error(send, resp, rid, record)
                 return await self._stream(send, route, resp, rid, record, t0)
             finally:
                 resp.release()  # closes the connection unless the response was read to its end
@@ -185,26 +189,39 @@ class Proxy:
         finally:
             watcher.cancel()
 
-    async def _open(self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes) -> EngineResponse:
+    def _upstream_failed(self, exc: UpstreamError, record: dict) -> errors.ApiError:
+        """Count, log and map a failure talking to the engine; tell readiness unless it was only slow."""
+        code = exc.code
+        self.metrics.upstream_error(code)
+        record["upstream_error"] = code
+        record["upstream_detail"] = str(exc)
+        if code != errors.ENGINE_TIMEOUT:
+            self.state.report_engine_failure(code)
+        return errors.upstream(code, self.settings.retry_after_s)
+
+    async def _open(self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes,
+                    record: dict) -> EngineResponse:
         assert self.pool is not None
         try:
             return await self.pool.request(method, target, fwd, body)
         except UpstreamError as exc:
-            self.metrics.upstream_errors.labels(exc.kind).inc()
-            if isinstance(exc, ConnectFailed):
-                self.state.record_health(False, "refused")
-                raise errors.engine_unavailable(self.settings.retry_after_s) from None
-            raise (errors.engine_timeout() if isinstance(exc, UpstreamTimeout) else errors.bad_upstream()) from None
+            raise self._upstream_failed(exc, record) from None
 
-    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str) -> int:
+    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str, record: dict) -> int:
         """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
         pass unchanged; its framework-level ones ({"detail": ...} for an undecodable body, an
         unknown route or method, or {"error": "Unauthorized"}) are wrapped, status kept."""
+        parts: list[bytes] = []
+        size = 0
         try:
-            body = await resp.read()
+            while chunk := await resp.read_some():
+                size += len(chunk)
+                if size > MAX_ERROR_BODY:
+                    raise UpstreamError(f"an error body over {MAX_ERROR_BODY} bytes")
+                parts.append(chunk)
         except UpstreamError as exc:
-            self.metrics.upstream_errors.labels(exc.kind).inc()
-            raise errors.bad_upstream() from None
+            raise self._upstream_failed(exc, record) from None
+        body = b"".join(parts)
         wrapped = errors.openai_shaped(resp.status, body, resp.reason or "error")
         headers = _response_headers(resp, rid)
         if wrapped is not None:
@@ -220,56 +237,71 @@ class Proxy:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
-        keep = not sse and ctype.startswith("application/json")  # small JSON bodies: read usage at the end
+        counted = resp.status == 200 and route in GENERATION_ROUTES
+        account = SseAccount() if sse and counted else None
+        # Small JSON bodies of generations: kept to read the usage at the end.
+        kept: list[bytes] | None = [] if counted and not sse and ctype.startswith("application/json") else None
+        kept_size = 0
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        events = 0
-        first = last = 0.0
-        kept: list[bytes] = []
-        usage_chunk = b""
+        first = 0.0
         try:
             while chunk := await resp.read_some():
                 now = time.perf_counter()
                 if not first:
                     first = now
-                last = now
-                if sse:
-                    events += chunk.count(SSE_DATA)
-                    if USAGE_KEY in chunk:  # a C-speed scan; only the usage chunk is ever parsed
-                        usage_chunk = chunk
-                elif keep:
-                    kept.append(chunk)
+                if account is not None:
+                    account.feed(chunk, now)
+                elif kept is not None:
+                    kept_size += len(chunk)
+                    if kept_size <= MAX_KEPT_BODY:
+                        kept.append(chunk)
+                    else:
+                        kept = None  # too large to parse for its usage: relayed, not counted
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
-            kind = "timeout" if isinstance(exc, UpstreamTimeout) else "stream_interrupted"
-            self.metrics.upstream_errors.labels(kind).inc()
-            record["upstream_error"] = kind
-            if not sse:
-                raise  # the connection is closed mid-body: the client sees a truncated response
-            failure = errors.engine_timeout() if kind == "timeout" else errors.stream_interrupted()
-            await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
-            return failure.status
+            failure = self._upstream_failed(exc, record)
+            if sse:
+                await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
+                return failure.status
+            # The status line and part of the body are out: the only honest end is a connection
+            # closed short of the body's length (or of its last chunk), which every HTTP client
+            # reports as a truncated response. Returning without completing the response makes
+            # uvicorn close it (it logs one line, no traceback). Counted as the status the client
+            # got; the access log says it was cut.
+            record["truncated"] = True
+            return resp.status
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self._account(route, resp.status, sse, events, first, last, t0, usage_chunk, kept, record)
+        self._account(route, resp.status, first, t0, account, kept, record)
         return resp.status
 
-    def _account(self, route: str, status: int, sse: bool, events: int, first: float, last: float, t0: float,
-                 usage_chunk: bytes, kept: list[bytes], record: dict) -> None:
+    def _account(self, route: str, status: int, first: float, t0: float, account: SseAccount | None,
+                 kept: list[bytes] | None, record: dict) -> None:
         if first:
             self.metrics.ttft.labels(route).observe(first - t0)
             record["ttft_ms"] = round((first - t0) * 1000, 2)
         if status != 200 or route not in GENERATION_ROUTES:
             return
-        self.state.record_generation(True)
-        usage = _usage(usage_chunk if sse else b"".join(kept))
-        if sse:
-            # Token-bearing events: not the final [DONE], not a usage-only chunk, not chat's
-            # opening role-only delta.
-            events -= 1 + (usage is not None) + (route == "chat_completions")
-            if events > 1:
-                self.metrics.itl.labels(route).observe((last - first) / (events - 1))
-        completion = usage.get("completion_tokens") if usage else None
-        prompt = usage.get("prompt_tokens") if usage else None
-        completion = completion if isinstance(completion, int) else (events if sse else 0)
+        if account is not None:
+            account.finish()
+            if account.error:
+                # The engine ended the stream with its own error event (vLLM does when its core
+                # dies): the client got it; readiness hears of it now, as for a cut stream.
+                record["engine_error_event"] = True
+                self.state.record_generation(False)
+                self.state.report_engine_failure(ENGINE_ERROR_EVENT)
+            else:
+                self.state.record_generation(True)
+            completion = account.completion_tokens()
+            prompt = account.prompt_tokens()
+            itl = account.inter_token_latency()
+            if itl is not None:
+                self.metrics.itl.labels(route).observe(itl)
+        else:
+            self.state.record_generation(True)
+            usage = _usage(kept)
+            reported = usage.get("completion_tokens") if usage else None
+            completion = reported if isinstance(reported, int) else 0
+            prompt = usage.get("prompt_tokens") if usage else None
         self.metrics.output_tokens.labels(route).inc(completion)
         record["completion_tokens"] = completion
         if isinstance(prompt, int):
@@ -278,25 +310,28 @@ class Proxy:
 
 
 def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes]]:
-    """The engine's headers minus hop-by-hop and server-written ones, plus our request id."""
-    headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in DROP_RESPONSE]
+    """The engine's headers minus hop-by-hop ones (RFC 9110 7.6.1: also those its Connection
+    header names) and server-written ones, plus our request id."""
+    raw = resp.raw_headers
+    drop: frozenset[bytes] | set[bytes] = DROP_RESPONSE
+    for name, value in raw:
+        if name.lower() == b"connection":
+            drop = set(drop)
+            drop.update(token.strip().lower() for token in value.split(b","))
+    headers = [(k, v) for k, v in raw if k.lower() not in drop]
     headers.append((b"x-request-id", rid.encode()))
     return headers
 
 
-def _usage(data: bytes) -> dict | None:
-    """The engine's usage report in a JSON body or in the last SSE chunk, when it sent one."""
-    at = data.rfind(USAGE_KEY)
-    if at < 0:
+def _usage(kept: list[bytes] | None) -> dict | None:
+    """The engine's usage report in a JSON body, when it sent one."""
+    if not kept:
         return None
     try:
-        if data.startswith(b"{"):
-            return orjson.loads(data).get("usage")
-        start = data.rfind(SSE_DATA, 0, at) + len(SSE_DATA)
-        end = data.find(b"\n", at)
-        return orjson.loads(data[start:end if end >= 0 else None]).get("usage")
+        usage = orjson.loads(b"".join(kept)).get("usage")
     except (orjson.JSONDecodeError, AttributeError):
         return None
+    return usage if isinstance(usage, dict) else None
 
 
 class _Gone:
@@ -318,5 +353,5 @@ async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> N
 
 
 def _reject(metrics: SidecarMetrics, exc: errors.ApiError, reason: str) -> errors.ApiError:
-    metrics.rejections.labels(reason).inc()
+    metrics.reject(exc.code)  # reason == code, always (the `reason` argument is kept for callers)
     return exc

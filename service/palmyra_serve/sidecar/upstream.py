@@ -7,6 +7,7 @@ by benchmarks/relay.py. These calls are few and off the hot path, so aiohttp's c
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,18 @@ def new_session(connect_timeout_s: float, read_timeout_s: float) -> aiohttp.Clie
         skip_auto_headers=("User-Agent",),
         json_serialize=lambda o: orjson.dumps(o).decode(),
     )
+
+
+class PageTooLarge(Exception):
+    pass
+
+
+@dataclass
+class EnginePage:
+    status: int
+    content_type: str
+    content_encoding: str | None
+    body: bytes
 
 
 @dataclass
@@ -55,6 +68,24 @@ class EngineClient:
             return False, "refused"
         except aiohttp.ClientError as exc:
             return False, f"error:{type(exc).__name__}"
+
+    async def metrics(self, headers: dict[str, str], timeout_s: float, max_bytes: int) -> EnginePage:
+        """The engine's own /metrics page, as it answered (status, type, encoding, bytes).
+
+        Raises TimeoutError, aiohttp.ClientConnectorError (not reachable), aiohttp.ClientError,
+        or PageTooLarge."""
+        async with asyncio.timeout(timeout_s):
+            async with self.session.get(f"{self.base_url}/metrics", headers={**self.headers, **headers},
+                                        timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                parts: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_any():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise PageTooLarge(f"the engine's /metrics page exceeds {max_bytes} bytes")
+                    parts.append(chunk)
+                return EnginePage(resp.status, resp.headers.get("Content-Type", "text/plain"),
+                                  resp.headers.get("Content-Encoding"), b"".join(parts))
 
     async def models(self, timeout_s: float) -> list[dict[str, Any]]:
         async with self.session.get(f"{self.base_url}/v1/models", headers=self.headers,

@@ -97,11 +97,17 @@ class Supervisor:
                         self.state.weights = weights_kind(entry.get("root"))
                         self.metrics.stand_in.set(1 if self.state.weights == "random-stand-in" else 0)
                         return int(entry.get("max_model_len") or self.settings.max_model_len)
-                    self.state.last_error = (f"engine does not serve {self.settings.served_model_name!r}: "
-                                             f"{[m.get('id') for m in models]}")
-                except Exception as exc:  # any failure here just means: not yet
-                    self.state.last_error = f"/v1/models: {type(exc).__name__}: {exc}"
+                    self._not_yet(f"engine does not serve {self.settings.served_model_name!r}",
+                                  f"it serves {[m.get('id') for m in models]}")
+                except Exception as exc:  # noqa: BLE001  (any failure here just means: not yet)
+                    self._not_yet("engine /v1/models unreadable", f"{type(exc).__name__}: {exc}")
             await self.sleep(self.settings.health_poll_interval_s)
+
+    def _not_yet(self, reason: str, detail: str) -> None:
+        """/ready shows the reason (words of ours); the engine's own words go to the log, once."""
+        if self.state.last_error != reason:
+            log.warning("engine not usable yet", extra={"fields": {"reason": reason, "detail": detail[:2000]}})
+        self.state.last_error = reason
 
     async def _warmup(self, max_model_len: int) -> bool:
         plan = warmup_plan(self.settings, max_model_len)
@@ -137,7 +143,7 @@ class Supervisor:
             self.state.progress_done += 1
             return True
         self.metrics.warmup_runs.labels("failure").inc()
-        self.state.set_phase("warming_up", error=f"warmup step '{name}': {result.error}")
+        self.state.set_phase("warming_up", error=f"warmup step '{name}' failed")  # details: the log
         log.warning("warmup step failed", extra={"fields": {"step": name, "error": result.error}})
         return False
 
@@ -169,5 +175,5 @@ class Supervisor:
             self.metrics.canary_failures.inc()
             log.warning("canary failed", extra={"fields": {"consecutive": failures, "error": result.error}})
             if failures >= self.settings.canary_failures_to_unready:
-                self.state.set_phase("not_ready", error=f"canary failed {failures} times: {result.error}")
+                self.state.set_phase("not_ready", error=f"canary failed {failures} times")  # details: the log
                 return

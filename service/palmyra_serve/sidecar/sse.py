@@ -1,0 +1,234 @@
+"""Accounting of a relayed server-sent-event stream, parsed at event boundaries.
+
+The relay forwards the engine's bytes unchanged; this only watches them. A socket read may end
+anywhere (inside the `data: ` marker, inside the JSON, between the two newlines that end an
+event), so the unfinished tail of one read is kept and completed by the next. Events are told
+apart by their blank line, never by searching for `data: `: generated text may contain it, and
+JSON escapes every newline inside a string, so a blank line only ever ends an event.
+
+Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object (the engine sends one when the request set
+`stream_options.include_usage`, on every event with `continuous_usage_stats`) is kept, the last
+one winning; every choice in `choices` that carries generated text (completions' `text`, chat's
+`delta.content`, reasoning or tool calls) counts one token event for its `index`, so `n>1`
+streams count each choice. Chat's opening role-only delta and the final empty delta that carries
+`finish_reason` carry no text and do not count.
+
+Cost: one bytes search per read for the last event boundary and one orjson parse per event
+(measured in tests/unit/test_sse.py's benchmark and reported in docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# One event this large means the stream is not what this module can account for; accounting
+# stops (the relay goes on) instead of holding more of the engine's bytes.
+MAX_EVENT_BYTES = 1024 * 1024
+DONE = b"[DONE]"
+
+
+class SseAccount:
+    __slots__ = ("_tail", "done", "error", "events", "first_token", "last_token", "overflow", "per_choice",
+                 "token_events", "unparsed", "usage")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self.events = 0  # data-bearing events, [DONE] included
+        self.token_events = 0  # choice deltas that carried generated text, all choices together
+        self.per_choice: dict[int, int] = {}
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.error = False  # an engine error event (vLLM sends one when a generation fails mid-stream)
+        self.first_token = 0.0
+        self.last_token = 0.0
+        self.unparsed = 0  # data that was not JSON (counted, not guessed at)
+        self.overflow = False
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Account for one read of the stream, `now` being when it arrived."""
+        if self.overflow:
+            return
+        if self._tail:
+            chunk = self._tail + chunk
+        if b"\r" in chunk:
+            # CR and CRLF line ends are legal SSE; vLLM writes LF. Normalised on this copy only,
+            # holding back a final CR whose LF may come with the next read.
+            held = chunk.endswith(b"\r")
+            chunk = (chunk[:-1] if held else chunk).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            self._scan(chunk, now)
+            if held:
+                self._tail += b"\r"
+            return
+        self._scan(chunk, now)
+
+    def _scan(self, data: bytes, now: float) -> None:
+        if data.endswith(b"\n\n"):  # the usual read: whole events
+            self._tail = b""
+            complete = data[:-2]
+            if not complete:
+                return
+        else:
+            end = data.rfind(b"\n\n")
+            if end < 0:
+                self._tail = data
+                if len(data) > MAX_EVENT_BYTES:
+                    self.overflow = True
+                    self._tail = b""
+                return
+            self._tail = data[end + 2:]
+            if end == 0:
+                return
+            complete = data[:end]
+        # Fast path, vLLM's shape: every event one `data: ` line. Then the events of this read are
+        # turned into one JSON array and parsed in one C call (a third cheaper than one call per
+        # event). The shape check is exact: a raw newline never occurs inside JSON, so when every
+        # newline belongs to a "\n\ndata: " separator, each separator starts an event. An array
+        # that does not parse into one value per event (some event is not one JSON value) is
+        # parsed again event by event.
+        separators = complete.count(b"\n\ndata: ")
+        if complete.startswith(b"data: ") and complete.count(b"\n") == 2 * separators:
+            events = separators + 1
+            done = complete.endswith(b"data: [DONE]")
+            if done:
+                complete = complete[:-12]
+                events -= 1
+            if events:
+                body = complete[6:-2] if done else complete[6:]
+                try:
+                    payloads = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators
+                                            else b"[" + body + b"]")
+                except orjson.JSONDecodeError:
+                    payloads = None  # one of them is not JSON: find which, event by event
+                if payloads is not None and len(payloads) == events:
+                    self.events += events
+                    self._payloads(payloads, now)
+                else:
+                    for block in complete.split(b"\n\n"):
+                        if block:
+                            self._event(block, now)
+            if done:
+                self.events += 1
+                self.done = True
+            return
+        for block in complete.split(b"\n\n"):
+            if block:
+                self._event(block, now)
+
+    def _event(self, block: bytes, now: float) -> None:
+        if block.startswith(b"data: ") and b"\n" not in block:
+            data = block[6:]  # the usual shape: one data line
+        else:
+            data = _data_of(block)
+            if data is None:
+                return  # a comment (": ping"), an `event:`/`id:`/`retry:`-only block
+        self.events += 1
+        if data == DONE:
+            self.done = True
+            return
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            self.unparsed += 1
+            return
+        self._payload(payload, now)
+
+    def _payloads(self, payloads: list[Any], now: float) -> None:
+        """_payload for each, with the usual shape (one choice with text, no usage, no error)
+        handled inline: this loop is most of the accounting's cost per event."""
+        per_choice = self.per_choice
+        counted = 0
+        for payload in payloads:
+            if payload.__class__ is dict and "error" not in payload and payload.get("usage") is None:
+                choices = payload.get("choices")
+                if choices.__class__ is list and len(choices) == 1:
+                    choice = choices[0]
+                    if choice.__class__ is dict:
+                        text = choice.get("text")
+                        if text is None:  # chat: the text is the delta's content
+                            delta = choice.get("delta")
+                            text = delta.get("content") if delta.__class__ is dict else None
+                        if text:
+                            index = choice.get("index", 0)
+                            if index.__class__ is int:
+                                per_choice[index] = per_choice.get(index, 0) + 1
+                                counted += 1
+                                continue
+            self._payload(payload, now)
+        if counted:
+            self.token_events += counted
+            if not self.first_token:
+                self.first_token = now
+            self.last_token = now
+
+    def _payload(self, payload: Any, now: float) -> None:
+        if not isinstance(payload, dict):
+            self.unparsed += 1
+            return
+        if "error" in payload:
+            # The engine's failure, unless it names a client error (4xx): what a client can
+            # provoke must not count against the engine (nor drop readiness, see proxy.py).
+            error = payload["error"]
+            code = error.get("code") if isinstance(error, dict) else None
+            self.error = self.error or not (isinstance(code, int) and 400 <= code < 500)
+            return
+        usage = payload.get("usage")
+        if usage is not None and isinstance(usage, dict):
+            self.usage = usage
+        choices = payload.get("choices")
+        if not choices or not isinstance(choices, list):
+            return
+        for choice in choices:
+            if isinstance(choice, dict) and _carries_text(choice):
+                index = choice.get("index", 0)
+                if index.__class__ is not int:
+                    index = 0
+                per_choice = self.per_choice
+                per_choice[index] = per_choice.get(index, 0) + 1
+                self.token_events += 1
+                if not self.first_token:
+                    self.first_token = now
+                self.last_token = now
+
+    def finish(self) -> None:
+        """The stream ended: an event the engine did not close with a blank line still counts."""
+        tail = self._tail.rstrip(b"\r\n")
+        self._tail = b""
+        if tail and not self.overflow:
+            self._event(tail, self.last_token or 0.0)
+
+    def completion_tokens(self) -> int:
+        """The engine's own count when it reported usage, else the token events seen."""
+        reported = self.usage.get("completion_tokens") if self.usage else None
+        return reported if isinstance(reported, int) else self.token_events
+
+    def prompt_tokens(self) -> int | None:
+        reported = self.usage.get("prompt_tokens") if self.usage else None
+        return reported if isinstance(reported, int) else None
+
+    def inter_token_latency(self) -> float | None:
+        """Mean gap between the token events of one choice (the busiest one), None under two."""
+        steps = max(self.per_choice.values(), default=0)
+        if steps < 2:
+            return None
+        return (self.last_token - self.first_token) / (steps - 1)
+
+
+def _data_of(block: bytes) -> bytes | None:
+    """The data of an event in its general shape: its `data:` lines joined with LF, the one
+    optional space after the colon removed; None when it has no data line."""
+    lines = [line[5:] for line in block.split(b"\n") if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines)
+
+
+def _carries_text(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return False
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                or delta.get("tool_calls"))

@@ -1,0 +1,168 @@
+"""SSE accounting (sidecar/sse.py): events found at their blank line across any split of the reads,
+tokens counted per choice, the engine's usage preferred. Scripted streams build the hard cases
+(split markers, text that contains "data: ", CRLF framing); streams recorded from the real vLLM
+engine (tests/unit/data/vllm-sse.json, read by the relay's own pool) check the counts against the
+engine's own usage reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES, SseAccount
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "vllm-sse.json").read_text())["cases"]
+
+
+def event(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+def text(t: str, index: int = 0) -> bytes:
+    return event({"object": "text_completion", "choices": [{"index": index, "text": t, "finish_reason": None}]})
+
+
+def delta(d: dict, index: int = 0, finish: str | None = None) -> bytes:
+    return event({"object": "chat.completion.chunk", "choices": [{"index": index, "delta": d,
+                                                                   "finish_reason": finish}]})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def account(reads: list[bytes], step: float = 0.01) -> SseAccount:
+    acc = SseAccount()
+    for i, chunk in enumerate(reads):
+        acc.feed(chunk, 1.0 + i * step)
+    acc.finish()
+    return acc
+
+
+def every_split(stream: bytes) -> list[list[bytes]]:
+    """The stream cut in two at every byte, and cut into single bytes."""
+    return [[stream[:i], stream[i:]] for i in range(1, len(stream))] + [[bytes([b]) for b in stream]]
+
+
+def totals(acc: SseAccount) -> tuple:
+    return acc.events, acc.token_events, dict(acc.per_choice), acc.usage, acc.done, acc.unparsed
+
+
+def test_a_data_marker_split_across_reads_is_one_event():
+    acc = account([b"da", b"ta: ", json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode() + b"\n", b"\n",
+                   DONE])
+    assert (acc.token_events, acc.events, acc.done) == (1, 2, True)
+
+
+def test_generated_text_containing_the_data_marker_is_one_token_event():
+    stream = text("data: ") + text("x\n\ndata: y") + text("data: data: ") + DONE
+    acc = account([stream])
+    assert acc.token_events == 3 and acc.completion_tokens() == 3 and acc.unparsed == 0
+
+
+def test_every_split_of_a_stream_gives_the_same_account():
+    usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    stream = (delta({"role": "assistant", "content": ""}) + delta({"content": "data: a"}) + b": keep-alive\n\n"
+              + delta({"content": "b"}) + delta({}, finish="stop")
+              + event({"object": "chat.completion.chunk", "choices": [], "usage": usage}) + DONE)
+    whole = totals(account([stream]))
+    assert whole == (6, 2, {0: 2}, usage, True, 0)
+    for reads in every_split(stream):
+        assert totals(account(reads)) == whole, reads
+
+
+def test_n_choices_are_counted_per_choice_and_itl_is_per_choice():
+    reads = []
+    for step in range(4):  # vLLM interleaves the choices' deltas, one event each
+        reads.append(text(f"a{step}", 0) + text(f"b{step}", 1) + text(f"c{step}", 2))
+    acc = SseAccount()
+    for i, chunk in enumerate(reads):
+        acc.feed(chunk, 10.0 + i * 0.05)
+    acc.feed(DONE, 10.5)
+    acc.finish()
+    assert acc.token_events == 12 and acc.per_choice == {0: 4, 1: 4, 2: 4}
+    assert acc.completion_tokens() == 12
+    # Three gaps of 50 ms between each choice's four tokens (not eleven gaps among twelve events).
+    assert acc.inter_token_latency() == pytest.approx(0.05)
+
+
+def test_usage_event_wins_over_counted_events_even_when_split_across_reads():
+    usage = event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}})
+    stream = text("a") + text("b") + usage + DONE
+    cut = stream.index(b'"completion_tokens"') + 5
+    acc = account([stream[:cut], stream[cut:]])
+    assert acc.token_events == 2
+    assert (acc.completion_tokens(), acc.prompt_tokens()) == (9, 5)
+
+
+def test_continuous_usage_keeps_the_last_report():
+    reads = [event({"choices": [{"index": 0, "text": "a"}], "usage": {"completion_tokens": 1, "prompt_tokens": 3}}),
+             event({"choices": [{"index": 0, "text": "b"}], "usage": {"completion_tokens": 2, "prompt_tokens": 3}}),
+             DONE]
+    assert account(reads).completion_tokens() == 2
+
+
+def test_no_usage_means_counted_events_and_no_prompt_tokens():
+    acc = account([delta({"role": "assistant"}), delta({"content": "x"}), delta({"reasoning_content": "y"}),
+                   delta({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}), delta({}, finish="length"),
+                   DONE])
+    # The role-only opening and the empty closing delta carry no generated text.
+    assert (acc.completion_tokens(), acc.prompt_tokens()) == (3, None)
+
+
+def test_crlf_framing_and_a_cr_split_from_its_lf():
+    stream = text("a").replace(b"\n", b"\r\n") + text("b").replace(b"\n", b"\r\n") + b"data: [DONE]\r\n\r\n"
+    whole = totals(account([stream]))
+    assert whole[:2] == (3, 2) and whole[4]
+    for reads in every_split(stream):
+        assert totals(account(reads)) == whole
+
+
+def test_multi_line_data_and_fields_other_than_data():
+    stream = (b"event: message\nid: 7\ndata: {\"choices\":\ndata: [{\"index\": 0, \"text\": \"a\"}]}\n\n"
+              b"retry: 100\n\n" + b"data:" + json.dumps({"choices": [{"index": 0, "text": "b"}]}).encode() + b"\n\n")
+    acc = account([stream])
+    assert (acc.events, acc.token_events, acc.unparsed) == (2, 2, 0)
+
+
+def test_a_last_event_without_its_blank_line_still_counts():
+    acc = account([text("a"), text("b")[:-1]])
+    assert acc.token_events == 2
+
+
+def test_data_that_is_not_json_is_counted_as_unparsed_not_as_a_token():
+    acc = account([event("not json"), event("[1, 2]"), text("a"), DONE])
+    assert (acc.unparsed, acc.token_events) == (2, 1)
+
+
+def test_an_endless_event_stops_the_accounting_not_the_memory():
+    acc = SseAccount()
+    acc.feed(b"data: " + b"x" * (MAX_EVENT_BYTES + 1), 1.0)
+    acc.feed(text("a"), 1.1)
+    assert acc.overflow and acc.token_events == 0 and not acc._tail
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=[c["name"] for c in RECORDED])
+def test_recorded_vllm_streams_count_what_the_engine_reports(case: dict):
+    reads = [r.encode("latin-1") for r in case["reads"]]
+    acc = account(reads)
+    n = case["request"].get("n", 1)
+    assert acc.done and acc.unparsed == 0
+    assert len(acc.per_choice) == n
+    if acc.usage is not None:
+        # Every token the engine generated was one event of one choice: the counts agree exactly.
+        assert acc.token_events == acc.usage["completion_tokens"]
+    stream = b"".join(reads)
+    for cut in range(1, len(stream), max(1, len(stream) // 200)):
+        assert totals(account([stream[:cut], stream[cut:]])) == totals(acc)
+    assert totals(account([bytes([b]) for b in stream])) == totals(acc)
+
+
+def test_an_engine_error_event_marks_the_stream_failed_but_a_client_error_does_not():
+    engine_died = event({"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}})
+    assert account([text("a"), engine_died, DONE]).error
+    assert account([text("a"), event({"error": "unexpected"}), DONE]).error
+    client_error = event({"error": {"message": "bad logprobs", "type": "BadRequestError", "code": 400}})
+    acc = account([text("a"), client_error, DONE])
+    assert not acc.error and acc.token_events == 1
