@@ -1,7 +1,7 @@
 """Monitoring and autoscaling objects of k8s/: the PrometheusRule is the Compose rules file,
 dashboards are the Compose dashboard files (the generator writes both copies; the k8s one lives
 inside the component's root so plain kustomize loads it), monitors scrape the ports and jobs the
-rules expect, and exactly one autoscaler scales on a metric the engine really exports."""
+rules expect, and exactly one autoscaler scales, on the sidecars' demand."""
 
 from __future__ import annotations
 
@@ -17,21 +17,6 @@ RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
 K8S_DASHBOARDS = K8S / "monitoring" / "dashboards"
 MONITORED = [name for name in OVERLAYS if name != "cpu"]  # overlays that ship the monitoring component
-# vLLM metric names exported by the two pinned engines (contract; vLLM 0.18 on Ascend, 0.32 on
-# CPU). The autoscaler may only use names from here.
-ENGINE_METRICS = {
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:time_per_output_token_seconds", "vllm:request_queue_time_seconds",
-    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_success_total",
-    "vllm:e2e_request_latency_seconds",
-}
-SCALE_METRIC = "vllm:num_requests_waiting"
-# A metric name inside PromQL (vLLM's names carry a colon).
-METRIC_NAME = re.compile(r"\b(vllm:[a-z_]+)")
 JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
 
 
@@ -168,7 +153,7 @@ def test_monitors_scrape_the_named_ports_under_the_jobs_the_rules_expect(overlay
 # --- autoscaling ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("overlay", "components"), TARGETS, ids=TARGET_IDS)
-def test_exactly_one_autoscaler_scales_on_the_engine_queue(overlay, components):
+def test_exactly_one_autoscaler_scales_on_the_sidecars_demand(overlay, components):
     objects = render(overlay, components)
     hpas = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
     scaled = [o for o in objects if o["kind"] == "ScaledObject"]
@@ -180,17 +165,17 @@ def test_exactly_one_autoscaler_scales_on_the_engine_queue(overlay, components):
         [trigger] = spec["triggers"]
         assert trigger["type"] == "prometheus"
         assert trigger["metadata"]["serverAddress"].startswith("http://")
-        names = set(METRIC_NAME.findall(trigger["metadata"]["query"]))
-        assert names == {SCALE_METRIC}
+        # vLLM's queue stays empty while the sidecar holds it: the signal is the sidecar's
+        # (its query and metrics are checked in test_autoscaling.py).
+        assert "palmyra_concurrency_limit" in trigger["metadata"]["query"]
         assert float(trigger["metadata"]["threshold"]) > 0
     else:
         spec = hpas[0]["spec"]
         assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "palmyra-serve"}
         [metric] = spec["metrics"]
-        assert metric["type"] == "Pods"
-        # prometheus-adapter serves vLLM's name with the colon made Kubernetes-safe.
-        assert metric["pods"]["metric"]["name"] == SCALE_METRIC.replace(":", "_")
-    assert SCALE_METRIC in ENGINE_METRICS
+        # prometheus-adapter computes it from the sidecars' series (docs/autoscaling.md).
+        assert metric["type"] == "External"
+        assert metric["external"]["metric"]["name"] == "palmyra_replica_demand"
 
 
 def test_overlays_with_monitoring_also_autoscale_with_keda():

@@ -49,6 +49,7 @@ class SidecarState:
         self.admission = Admission(settings.max_in_flight, settings.max_queue, settings.queue_timeout_s,
                                    settings.retry_after_s)
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
+        metrics.concurrency_limit.set_function(lambda: self.admission.max_in_flight)
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys(settings.all_api_keys()), self.health)
         self.session: aiohttp.ClientSession | None = None
 

@@ -54,6 +54,10 @@ class SidecarMetrics:
                                      ["route"], registry=r)
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
+        # What one replica admits to the engine at once (today max_in_flight, later an adaptive
+        # limit): the autoscaler divides demand by it (docs/autoscaling.md).
+        self.concurrency_limit = Gauge("palmyra_concurrency_limit",
+                                       "Requests this replica admits to the engine at once.", registry=r)
         self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"],
                                   registry=r)
         self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"],
