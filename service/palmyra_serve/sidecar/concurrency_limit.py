@@ -44,13 +44,14 @@ that passes. `max_queue` stays a hard cap ("queue_full"). Every refusal carries
 Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time the queue needs, at
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
-Settings it needs (to be added to settings.py; names and defaults):
+Settings it needs (to be added to settings.py; names and defaults; docs/admission.md has the table):
     PALMYRA_ADMISSION_MODE=adaptive          adaptive | fixed (fixed uses PALMYRA_MAX_IN_FLIGHT)
     PALMYRA_MAX_IN_FLIGHT=64                 the fixed limit (existing setting)
     PALMYRA_MAX_QUEUE=256                    hard cap on waiters (existing setting)
     PALMYRA_ADMISSION_MIN_LIMIT=2            the floor
     PALMYRA_ADMISSION_MAX_LIMIT=             the ceiling; empty: from the engine (engine_capacity.py)
     PALMYRA_ADMISSION_INITIAL_LIMIT=8
+    PALMYRA_ADMISSION_KV_TOKENS_PER_REQUEST=2048   KV tokens one request holds (engine_capacity.py)
     PALMYRA_SLO_TTFT_S=2.0                   the TTFT SLO (bench/validate's default)
     PALMYRA_SLO_ITL_S=0.25                   the mean inter-token gap SLO
     PALMYRA_ADMISSION_TTFT_ENGINE_SHARE=0.5  share of the TTFT SLO the engine may use; the rest is queue
