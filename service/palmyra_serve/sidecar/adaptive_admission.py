@@ -1,0 +1,137 @@
+"""The asyncio side of adaptive admission: FIFO waiters with deadlines in front of a ConcurrencyGate.
+
+The gate (concurrency_limit.py) decides; this keeps the waiting requests and their timers. Same
+shape as admission.Admission (acquire / release / drain, in_flight, queued, draining), plus the
+relay's latency reports, so proxy.py can switch with a few lines (docs/admission.md, "Wiring").
+Refusals are raised as `Refused(reason, retry_after_s)`; the caller turns them into its 429 (errors.py
+owns the HTTP shape) and counts them under palmyra_rejections{reason}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from palmyra_serve.sidecar.concurrency_limit import (
+    QUEUE_TIMEOUT,
+    ConcurrencyGate,
+    Decision,
+    Outcome,
+    Ticket,
+)
+
+
+class Refused(Exception):
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def of(cls, decision: Decision) -> Refused:
+        assert decision.reason is not None and decision.retry_after_s is not None
+        return cls(decision.reason, decision.retry_after_s)
+
+
+class Draining(Exception):
+    """Admission is closed for good (SIGTERM): the caller answers 503 with its own Retry-After."""
+
+
+class AdaptiveAdmission:
+    def __init__(self, gate: ConcurrencyGate) -> None:
+        self.gate = gate
+        self.draining = False
+        self._waiters: deque[tuple[asyncio.Future[Ticket], float]] = deque()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self.gate.in_flight
+
+    @property
+    def queued(self) -> int:
+        return self.gate.queued
+
+    @property
+    def limit(self) -> int:
+        return self.gate.limit
+
+    async def acquire(self) -> Ticket:
+        """A slot in the engine, after a wait the TTFT SLO allows; Refused (at once when the queue
+        cannot be served in time) or Draining otherwise."""
+        if self.draining:
+            raise Draining
+        gate = self.gate
+        decision = gate.arrive()
+        if decision.action == "admit":
+            assert decision.ticket is not None
+            self._idle.clear()
+            return decision.ticket
+        if decision.action == "refuse":
+            raise Refused.of(decision)
+        assert decision.deadline is not None
+        enqueued_at = gate.clock()
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        self._waiters.append((fut, enqueued_at))
+        self._idle.clear()
+        try:
+            async with asyncio.timeout(max(0.0, decision.deadline - enqueued_at)):
+                return await fut
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return fut.result()  # the slot arrived at the deadline: keep it
+            self._forget(fut)
+            raise Refused.of(gate.refusal(QUEUE_TIMEOUT)) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result(), outcome="ignore")  # handed a slot it will never use
+            else:
+                self._forget(fut)
+            raise
+
+    # --- the relay's reports --------------------------------------------------------------
+    def first_token(self, ticket: Ticket) -> None:
+        self.gate.first_token(ticket)
+        self._hand_out()  # a window may have closed and raised the limit
+
+    def inter_token(self, ticket: Ticket, itl_s: float) -> None:
+        self.gate.inter_token(ticket, itl_s)
+        self._hand_out()
+
+    def release(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
+        self.gate.finish(ticket, itl_s, outcome)
+        self._hand_out()
+        self._check_idle()
+
+    # --- internals ---------------------------------------------------------------------------
+    def _hand_out(self) -> None:
+        """Free slots go to the oldest waiters, so a waiter is never overtaken by a newcomer."""
+        while self._waiters and self.gate.can_dispatch():
+            fut, enqueued_at = self._waiters.popleft()
+            if fut.done():
+                continue  # timed out or cancelled; it already left the gate's queue
+            fut.set_result(self.gate.dispatch(enqueued_at))
+
+    def _forget(self, fut: asyncio.Future[Ticket]) -> None:
+        for i, (waiter, _) in enumerate(self._waiters):
+            if waiter is fut:
+                del self._waiters[i]
+                break
+        fut.cancel()
+        self.gate.leave_queue()
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.gate.in_flight == 0 and self.gate.queued == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests from now on; wait until nothing is in flight or queued."""
+        self.draining = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False

@@ -1,0 +1,330 @@
+"""Adaptive concurrency limit and an SLO-bounded admission queue (issue 16). Pure logic.
+
+Why: a fixed limit says nothing about the engine. Too low wastes an NPU that batches hundreds of
+sequences; too high on a CPU slows every stream past the SLO, and a long queue makes everything
+admitted under overload late anyway. So the limit on requests in the engine is a control loop and
+the queue only holds what can still be served within the TTFT SLO.
+
+The limit (in the spirit of Envoy's adaptive-concurrency gradient controller and Netflix's
+concurrency-limits Gradient2/AIMD, adapted to LLM serving):
+
+- The setpoint is the SLO, not a measured minimum RTT. Envoy and Netflix compare latency with the
+  latency of an idle system (minRTT, found by periodically starving the upstream); an LLM request's
+  latency is dominated by how many tokens it asks for, which the sidecar does not control, while the
+  promise to keep is absolute: first token within `ttft_slo_s`, mean inter-token gap within
+  `itl_slo_s`. So the signals are the *engine's* part of TTFT (dispatch to first token, queue wait
+  excluded) and each stream's mean inter-token gap (ITL), both per request and independent of the
+  output length, and the targets are shares of the SLOs (`ttft_engine_share`, `itl_share`).
+- Every window (at least `window_s` and `min_samples` samples, or `max_window_s` with one) the
+  `quantile` of each signal over its target gives the pressure p (the larger of the two):
+  p > 1: multiplicative decrease by the gradient, limit x max(max_decrease, 1/p) (if latency grows in
+  proportion to concurrency above the knee, this lands on the target in one step);
+  p < `tolerance` and the limit was binding in the window (a request found no free slot): increase,
+  doubling while in slow start (until the first decrease, as TCP), then by max(1, sqrt(limit)) per
+  window (Envoy's headroom); else hold. An engine error or timeout (outcome "drop") halves it (AIMD).
+- Feedback must be quick or the loop overshoots: a 64-token stream at 1 s per token reports its
+  mean ITL after a minute. So the relay also reports each stream's mean gap over its first
+  `probe_tokens` tokens (inter_token()), a few hundred milliseconds into the stream, besides the
+  whole stream's at its end.
+- Only samples from requests dispatched after the last decrease count (one cut per round trip, as
+  TCP), so the slow streams that caused a cut do not cut again; and the limit grows only on ITL
+  samples from requests dispatched after the last change (growth is earned at the new limit; the
+  TTFT of a fresh request comes first but says little about how the batch slows every stream).
+- Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see engine_capacity.py:
+  vLLM's max_num_seqs and its KV capacity in requests), read once at start.
+- Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
+
+The queue: a request that finds no free slot may wait at most what the TTFT SLO leaves after the
+expected engine TTFT: max_wait = max(0, ttft_slo_s - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
+engine TTFT and its mean deviation (Jacobson's estimator, as TCP's retransmission timeout). On
+arrival its expected wait is W = (queued + 1) / mu, mu = limit / mean service time (Little's law on
+a saturated engine). W > max_wait: refused at once (429, reason "slo_unreachable"), costing nothing
+else; otherwise it waits with a deadline of arrival + max_wait and is refused ("queue_timeout") if
+that passes. `max_queue` stays a hard cap ("queue_full"). Every refusal carries
+Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time the queue needs, at
+mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
+
+Settings it needs (to be added to settings.py; names and defaults; docs/admission.md has the table):
+    PALMYRA_ADMISSION_MODE=adaptive          adaptive | fixed (fixed uses PALMYRA_MAX_IN_FLIGHT)
+    PALMYRA_MAX_IN_FLIGHT=64                 the fixed limit (existing setting)
+    PALMYRA_MAX_QUEUE=256                    hard cap on waiters (existing setting)
+    PALMYRA_ADMISSION_MIN_LIMIT=2            the floor
+    PALMYRA_ADMISSION_MAX_LIMIT=             the ceiling; empty: from the engine (engine_capacity.py)
+    PALMYRA_ADMISSION_INITIAL_LIMIT=8
+    PALMYRA_ADMISSION_KV_TOKENS_PER_REQUEST=2048   KV tokens one request holds (engine_capacity.py)
+    PALMYRA_SLO_TTFT_S=2.0                   the TTFT SLO (bench/validate's default)
+    PALMYRA_SLO_ITL_S=0.25                   the mean inter-token gap SLO
+    PALMYRA_ADMISSION_TTFT_ENGINE_SHARE=0.5  share of the TTFT SLO the engine may use; the rest is queue
+    PALMYRA_ADMISSION_ITL_SHARE=0.8          target ITL as a share of its SLO (margin for the tail)
+    PALMYRA_ADMISSION_WINDOW_S=1.0
+    PALMYRA_RETRY_AFTER_MAX_S=30
+Nothing here does I/O or touches asyncio: admission.py owns the waiters and calls these methods;
+the clock is injected so the tests drive time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["adaptive", "fixed"]
+Outcome = Literal["ok", "drop", "ignore"]  # ok: measured; drop: engine error/timeout; ignore: say nothing
+
+# Refusal reasons: the values of palmyra_rejections{reason} (metrics.REJECTION_REASONS).
+QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
+SLO_UNREACHABLE = "slo_unreachable"
+
+
+@dataclass(frozen=True)
+class LimitConfig:
+    mode: Mode = "adaptive"
+    fixed_limit: int = 64
+    min_limit: int = 2
+    initial_limit: int = 8
+    max_queue: int = 256
+    ttft_slo_s: float = 2.0
+    itl_slo_s: float = 0.25
+    ttft_engine_share: float = 0.5
+    itl_share: float = 0.8
+    quantile: float = 90.0
+    tolerance: float = 0.8
+    max_decrease: float = 0.5
+    window_s: float = 1.0
+    min_samples: int = 8
+    max_window_s: float = 10.0
+    retry_after_max_s: int = 30
+    probe_tokens: int = 8  # the relay reports a stream's mean gap after this many tokens
+
+    def __post_init__(self) -> None:
+        if self.min_limit < 1 or self.fixed_limit < 1 or self.initial_limit < 1:
+            raise ValueError("limits must be at least 1")
+        if not (0 < self.ttft_engine_share <= 1 and 0 < self.itl_share <= 1 and 0 < self.tolerance < 1):
+            raise ValueError("shares must be in (0, 1], tolerance in (0, 1)")
+        if not 0 < self.max_decrease < 1:
+            raise ValueError("max_decrease must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One request in the engine: handed back to first_token() and finish()."""
+
+    dispatched_at: float
+    queue_wait_s: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["admit", "queue", "refuse"]
+    ticket: Ticket | None = None  # admit
+    deadline: float | None = None  # queue: refuse with QUEUE_TIMEOUT if still waiting then
+    reason: str | None = None  # refuse
+    retry_after_s: int | None = None  # refuse
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank q-th percentile of a non-empty sample (the sidecar imports nothing from tools)."""
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))]
+
+
+class AdaptiveLimit:
+    """The limit alone: fed per-request latency samples, moved once per window."""
+
+    def __init__(self, config: LimitConfig, ceiling: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.floor = config.min_limit
+        self.ceiling = max(ceiling, self.floor)
+        start = config.fixed_limit if config.mode == "fixed" else config.initial_limit
+        self._limit = float(start if config.mode == "fixed" else min(max(start, self.floor), self.ceiling))
+        self.ttft_target_s = config.ttft_slo_s * config.ttft_engine_share
+        self.itl_target_s = config.itl_slo_s * config.itl_share
+        self.slow_start = True
+        self.decreased_at = self.changed_at = clock()
+        self.last_pressure: float | None = None
+        self._reset_window(self.decreased_at)
+
+    @property
+    def limit(self) -> int:
+        return int(self._limit)
+
+    def _reset_window(self, now: float) -> None:
+        self._window_start = now
+        self._ttfts: list[float] = []
+        self._itls: list[float] = []
+        self._drops = 0
+        self._fresh_itls = 0  # ITL samples of requests dispatched at the current limit
+        self._binding = False
+
+    def note_binding(self) -> None:
+        """A request found every slot taken: the limit, not the demand, set the concurrency."""
+        self._binding = True
+
+    def on_ttft(self, dispatched_at: float, ttft_s: float) -> None:
+        if dispatched_at >= self.decreased_at:
+            self._ttfts.append(ttft_s)
+        self._maybe_update()
+
+    def on_itl(self, dispatched_at: float, itl_s: float) -> None:
+        if dispatched_at >= self.decreased_at:
+            self._itls.append(itl_s)
+            self._fresh_itls += dispatched_at >= self.changed_at
+        self._maybe_update()
+
+    def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome) -> None:
+        if outcome == "ok" and itl_s is not None:
+            self.on_itl(dispatched_at, itl_s)
+            return
+        if dispatched_at >= self.decreased_at and outcome == "drop":
+            self._drops += 1
+        self._maybe_update()
+
+    def _maybe_update(self) -> None:
+        if self.config.mode == "fixed":
+            return
+        now = self.clock()
+        n = len(self._ttfts) + len(self._itls) + self._drops
+        elapsed = now - self._window_start
+        if not ((n >= self.config.min_samples and elapsed >= self.config.window_s)
+                or (n >= 1 and elapsed >= self.config.max_window_s)):
+            return
+        old = self._limit
+        self._limit = self._next_limit()
+        self._reset_window(now)
+        if int(self._limit) != int(old):
+            self.changed_at = now
+        if int(self._limit) < int(old):
+            self.decreased_at = now
+
+    def _next_limit(self) -> float:
+        cfg, limit = self.config, self._limit
+        if self._drops:
+            self.slow_start = False
+            return max(self.floor, limit * 0.5)
+        pressures = []
+        if self._ttfts:
+            pressures.append(quantile(self._ttfts, cfg.quantile) / self.ttft_target_s)
+        if self._itls:
+            pressures.append(quantile(self._itls, cfg.quantile) / self.itl_target_s)
+        p = max(pressures)
+        self.last_pressure = p
+        if p > 1:
+            self.slow_start = False
+            return max(self.floor, limit * max(cfg.max_decrease, 1 / p))
+        if p < cfg.tolerance and self._binding and self._fresh_itls:
+            grown = limit * 2 if self.slow_start else limit + max(1.0, math.sqrt(limit))
+            return min(self.ceiling, grown)
+        return limit
+
+
+class ConcurrencyGate:
+    """Counts, limit and queue policy together: what admission.py asks on every arrival and release.
+
+    Protocol (admission.py keeps the waiters, FIFO, and their timers):
+      d = gate.arrive()                  admit -> relay; queue -> wait until d.deadline; refuse -> 429
+      gate.dispatch(enqueued_at)         when handing a freed slot to the oldest waiter (while can_dispatch())
+      gate.leave_queue()                 a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT)
+      gate.first_token(ticket)           the relay saw the first token
+      gate.inter_token(ticket, itl_s)    the stream's mean gap after config.probe_tokens tokens
+      gate.finish(ticket, itl_s, outcome)   the relay is done; then hand slots out while can_dispatch()
+    """
+
+    def __init__(self, config: LimitConfig, ceiling: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.limiter = AdaptiveLimit(config, ceiling, clock)
+        self.in_flight = 0
+        self.queued = 0
+        self._srtt: float | None = None  # smoothed engine TTFT
+        self._rttvar = 0.0
+        self._service_s: float | None = None  # smoothed dispatch -> finish of measured requests
+        self.refusals: dict[str, int] = {QUEUE_FULL: 0, QUEUE_TIMEOUT: 0, SLO_UNREACHABLE: 0}
+
+    @property
+    def limit(self) -> int:
+        return self.limiter.limit
+
+    def can_dispatch(self) -> bool:
+        return self.in_flight < self.limit
+
+    # --- the queue policy -------------------------------------------------------------------
+    def expected_ttft_s(self) -> float:
+        """Engine TTFT to budget for: srtt + 2 rttvar; the engine's target share before any sample."""
+        if self._srtt is None:
+            return self.limiter.ttft_target_s
+        return self._srtt + 2 * self._rttvar
+
+    def max_queue_wait_s(self) -> float:
+        return max(0.0, self.config.ttft_slo_s - self.expected_ttft_s())
+
+    def service_rate(self) -> float | None:
+        """Requests per second a saturated engine completes: limit / mean service time (Little)."""
+        if not self._service_s:
+            return None
+        return self.limit / self._service_s
+
+    def expected_wait_s(self, position: int) -> float:
+        """Expected queue wait of the request at 1-based `position` (0 when nothing is measured yet)."""
+        mu = self.service_rate()
+        return position / mu if mu else 0.0
+
+    def retry_after_s(self) -> int:
+        """Seconds until a newcomer would be admissible again if nothing else arrived: the queue's
+        expected wait for one more, minus what the SLO allows, at least 1."""
+        excess = self.expected_wait_s(self.queued + 1) - self.max_queue_wait_s()
+        return int(min(self.config.retry_after_max_s, max(1, math.ceil(excess))))
+
+    def refusal(self, reason: str) -> Decision:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s())
+
+    # --- the calls admission makes ---------------------------------------------------------
+    def arrive(self) -> Decision:
+        now = self.clock()
+        if self.queued == 0 and self.can_dispatch():
+            self.in_flight += 1
+            return Decision("admit", ticket=Ticket(now, 0.0))
+        self.limiter.note_binding()
+        if self.queued >= self.config.max_queue:
+            return self.refusal(QUEUE_FULL)
+        if self.service_rate() is None and self.queued >= self.limit:
+            return self.refusal(QUEUE_FULL)  # nothing measured yet: queue one round at most
+        max_wait = self.max_queue_wait_s()
+        if self.expected_wait_s(self.queued + 1) > max_wait or max_wait <= 0:
+            return self.refusal(SLO_UNREACHABLE)
+        self.queued += 1
+        return Decision("queue", deadline=now + max_wait)
+
+    def dispatch(self, enqueued_at: float) -> Ticket:
+        """A waiter takes a free slot (call only when can_dispatch())."""
+        now = self.clock()
+        self.queued -= 1
+        self.in_flight += 1
+        return Ticket(now, now - enqueued_at)
+
+    def leave_queue(self) -> None:
+        self.queued -= 1
+
+    def first_token(self, ticket: Ticket) -> None:
+        ttft = self.clock() - ticket.dispatched_at
+        if self._srtt is None:
+            self._srtt, self._rttvar = ttft, ttft / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - ttft)
+            self._srtt = 0.875 * self._srtt + 0.125 * ttft
+        self.limiter.on_ttft(ticket.dispatched_at, ttft)
+
+    def inter_token(self, ticket: Ticket, itl_s: float) -> None:
+        """The stream's mean inter-token gap so far (the relay calls it once, after probe_tokens)."""
+        self.limiter.on_itl(ticket.dispatched_at, itl_s)
+
+    def finish(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
+        self.in_flight -= 1
+        if outcome == "ok":
+            took = self.clock() - ticket.dispatched_at
+            self._service_s = took if self._service_s is None else 0.8 * self._service_s + 0.2 * took
+        self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome)

@@ -1,0 +1,144 @@
+"""The asyncio waiters in front of the ConcurrencyGate: FIFO hand-over, immediate refusals, queue
+deadlines, cancellation and drain keep the gate's counts right. The gate gets a fake clock where
+the test teaches it a service time, the real one where a deadline must really pass (0.15 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from palmyra_serve.sidecar.adaptive_admission import (
+    AdaptiveAdmission,
+    Draining,
+    Refused,
+)
+from palmyra_serve.sidecar.concurrency_limit import (
+    QUEUE_TIMEOUT,
+    SLO_UNREACHABLE,
+    ConcurrencyGate,
+    LimitConfig,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admission(limit: int = 2, ttft_slo_s: float = 0.3, clock=time.monotonic) -> AdaptiveAdmission:
+    cfg = LimitConfig(mode="fixed", fixed_limit=limit, ttft_slo_s=ttft_slo_s)
+    return AdaptiveAdmission(ConcurrencyGate(cfg, ceiling=64, clock=clock))
+
+
+async def until(cond) -> None:
+    """Let the other tasks run until cond() holds; a bounded number of turns, never a hang."""
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def teach(adm: AdaptiveAdmission, clock: FakeClock, ttft_s: float, service_s: float) -> None:
+    """Two requests through the gate on the fake clock: it learns the engine's TTFT and service time."""
+    for _ in range(2):
+        t = await adm.acquire()
+        clock.now += ttft_s
+        adm.first_token(t)
+        clock.now += service_s - ttft_s
+        adm.release(t, 0.01)
+
+
+def test_slots_pass_to_the_oldest_waiter_in_order() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        adm = admission(limit=1, ttft_slo_s=30.0, clock=clock)
+        await teach(adm, clock, 0.1, 1.0)  # 1 request/s: a waiter may be ~29 deep
+        first = await adm.acquire()
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            ticket = await adm.acquire()
+            order.append(i)
+            adm.release(ticket, 0.01)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+        await until(lambda: adm.queued == 3)
+        assert adm.in_flight == 1
+        adm.release(first, 0.01)
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2]
+        assert (adm.in_flight, adm.queued) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_refused_at_once_when_the_queue_cannot_be_served_in_time() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        adm = admission(limit=1, ttft_slo_s=2.0, clock=clock)
+        await teach(adm, clock, 0.2, 4.0)  # mu = 0.25/s: one waiter would wait 4 s, the SLO leaves < 2 s
+        held = await adm.acquire()
+        t0 = time.monotonic()
+        with pytest.raises(Refused) as info:
+            await adm.acquire()
+        assert time.monotonic() - t0 < 0.05
+        assert info.value.reason == SLO_UNREACHABLE and info.value.retry_after_s >= 1
+        assert adm.queued == 0
+        adm.release(held, 0.01)
+
+    asyncio.run(main())
+
+
+def test_a_waiter_is_refused_at_its_deadline_and_leaves_the_queue() -> None:
+    async def main() -> None:
+        adm = admission(limit=1, ttft_slo_s=0.3)  # no samples: expected engine TTFT = 0.15 s, wait <= 0.15 s
+        held = await adm.acquire()
+        t0 = time.monotonic()
+        with pytest.raises(Refused) as info:
+            await adm.acquire()
+        waited = time.monotonic() - t0
+        assert info.value.reason == QUEUE_TIMEOUT
+        assert 0.1 <= waited < 0.3, "waited what the SLO leaves, no longer"
+        assert (adm.in_flight, adm.queued, adm.gate.refusals[QUEUE_TIMEOUT]) == (1, 0, 1)
+        adm.release(held, 0.01)
+        assert (await adm.acquire()) is not None, "the slot is free again"
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_waiter_leaves_no_trace() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        adm = admission(limit=1, ttft_slo_s=30.0, clock=clock)
+        await teach(adm, clock, 0.1, 1.0)
+        held = await adm.acquire()
+        task = asyncio.create_task(adm.acquire())
+        await until(lambda: adm.queued == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert adm.queued == 0
+        adm.release(held, 0.01)
+        assert adm.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_drain_refuses_newcomers_and_waits_for_the_last_request() -> None:
+    async def main() -> None:
+        adm = admission(limit=2, ttft_slo_s=30.0)
+        held = await adm.acquire()
+        drained = asyncio.create_task(adm.drain(5.0))
+        await asyncio.sleep(0)
+        with pytest.raises(Draining):
+            await adm.acquire()
+        assert not drained.done()
+        adm.release(held, 0.01)
+        assert await drained is True
+
+    asyncio.run(main())
