@@ -440,12 +440,12 @@ def vllm_exported_names(source: Path) -> dict[str, bool]:
 
 def test_picker_reads_names_vllm_really_exports():
     configured = configured_metric_names(picker_config(gateway_objects()))
-    # All five, the same as the picker's built-in vLLM mapping.
-    assert configured == PICKER_READS
     exported = vllm_exported_names(_vllm_source())
     assert len(exported) > 20, "the logger source was not understood"
     missing = {name for name in configured.values() if name not in exported}
     assert not missing, f"vLLM registers no such metric: {missing}"
+    # All five, the same as the picker's built-in vLLM mapping.
+    assert configured == PICKER_READS
     # Registered unconditionally: these four are on every engine's page.
     assert {n for n in configured.values() if exported[n]} == {LORA_ONLY}
     # vllm:lora_requests_info exists only when the engine runs with LoRA; the picker then reads no
