@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from palmyra_serve.sidecar.proxy import GENERATION_ROUTES, ROUTE_OF
 from test_k8s import (
     K8S,
     REPO,
@@ -37,6 +36,14 @@ from test_k8s import (
     pod_spec,
     render,
 )
+
+try:  # the sidecar's route table: its own module on the hardened front end's branch, else proxy.py
+    from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
+    API_ROUTES = {path: route.label for path, route in RELAYED.items()}
+except ImportError:
+    from palmyra_serve.sidecar.proxy import GENERATION_ROUTES
+    from palmyra_serve.sidecar.proxy import ROUTE_OF as API_ROUTES
+    CONTROL_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics"})
 
 COMPONENT = "components/inference-gateway"
 CONFIG_FILE = K8S / COMPONENT / "picker-config.yaml"
@@ -382,6 +389,7 @@ def test_picker_scrapes_the_engine_metrics_on_the_port_the_pool_targets():
     source = _metrics_source(config)
     params = source.get("parameters") or {}
     assert params.get("path", "/metrics") == ENGINE_METRICS_PATH, "the sidecar's own /metrics has no vllm: series"
+    assert ENGINE_METRICS_PATH in CONTROL_PATHS, "a path the sidecar answers itself"
     assert params.get("scheme", "http") == "http"
     # Without `port` the picker scrapes each endpoint's pool target port (the override replaces it).
     targets = [p["number"] for p in pool["spec"]["targetPorts"]]
@@ -492,10 +500,10 @@ def test_route_sends_generation_to_the_pool_and_the_rest_of_the_api_to_the_servi
     to_pool = (POOL_GROUP, "InferencePool", pool["metadata"]["name"])
     to_service = ("", "Service", service["metadata"]["name"])
     # The sidecar's own route table decides.
-    for path, name in ROUTE_OF.items():
+    for path, name in API_ROUTES.items():
         expected = to_pool if name in GENERATION_ROUTES else to_service
         assert route_backend(route, path) == expected, path
-    for path in ("/metrics", "/engine/metrics", "/health", "/ready", "/health/sidecar", "/v1/completionsx"):
+    for path in (*CONTROL_PATHS, "/v1/completionsx"):
         assert route_backend(route, path) is None, f"{path} must not be reachable through the gateway"
     service_ref = next(r for rule in route["spec"]["rules"] for r in rule["backendRefs"] if r["kind"] == "Service")
     assert service_ref["port"] in {p["port"] for p in service["spec"]["ports"]}
