@@ -108,7 +108,8 @@ backend replicas
         wait_until(self.socket_path.exists, 10, "the HAProxy admin socket")
         for name in self.slots:  # a freshly started HAProxy counts unchecked servers as UP
             self.command(f"set server replicas/{name} health down")
-        wait_until(lambda: all(s["status"] != "UP" for s in self.servers().values()), 10, "all slots down")
+        wait_until(lambda: all(s["status"].startswith("DOWN") for s in self.servers().values()), 10,
+                   "all slots down")
 
     def stop(self) -> None:
         if self.proc is not None:
