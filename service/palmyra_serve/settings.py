@@ -89,6 +89,16 @@ class Settings(BaseSettings):
     canary_timeout_s: float = Field(10.0, description="A canary slower than this counts as failed.")
     canary_failures_to_unready: int = Field(2, description="Consecutive canary failures that flip /ready to 503.")
     drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight requests may take to finish.")
+    # 10 s: Kubernetes drops a terminating pod from EndpointSlices within about a second, but every
+    # kube-proxy (iptables/IPVS resync) and gateway (Envoy EDS, ingress controllers) applies that on
+    # its own schedule, seconds more on a busy cluster. A replica takes minutes to start, so 10 s of
+    # extra serving per stopped pod costs nothing; raise it behind slow load balancers.
+    drain_propagation_s: float = Field(
+        10.0,
+        description="On SIGTERM, seconds /ready says 503 while new requests are still served (endpoints and "
+                    "gateways stop routing here meanwhile); then new requests get 503 and in-flight ones get "
+                    "the drain timeout. 0 where nothing routes by readiness (Compose, `up`).",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

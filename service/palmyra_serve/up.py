@@ -86,6 +86,8 @@ def run_up(settings: Settings) -> int:
     env["PALMYRA_MODEL_SOURCE"] = "local"
     env["PALMYRA_MAX_MODEL_LEN"] = str(settings.max_model_len)
     env["PALMYRA_DTYPE"] = settings.dtype
+    # One local replica: no endpoints or gateways to stop routing to it, so Ctrl-C need not wait.
+    env.setdefault("PALMYRA_DRAIN_PROPAGATION_S", "0")
     env["PALMYRA_PLATFORM"] = settings.platform
     if settings.enforce_eager:
         env["PALMYRA_ENFORCE_EAGER"] = "true"

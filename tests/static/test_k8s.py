@@ -328,7 +328,13 @@ def test_engine_outlives_the_sidecar_drain(overlay):
         assert command[0] == "sleep" and len(command) == 2
         wait = int(command[1])
     drain = float(data["PALMYRA_DRAIN_TIMEOUT_S"])
-    assert spec["terminationGracePeriodSeconds"] > wait >= drain
+    # Explicit in the ConfigMap: the preStop below is computed from it.
+    propagation = float(data["PALMYRA_DRAIN_PROPAGATION_S"])
+    assert propagation > 0  # endpoints and proxies take seconds to stop routing to a deleted pod
+    # vLLM refuses new requests once it has SIGTERM: it must not get it while the sidecar still
+    # serves (propagation) or drains; then it has its own --shutdown-timeout (= drain) to finish.
+    assert wait >= propagation + drain
+    assert spec["terminationGracePeriodSeconds"] > wait + drain
     assert "lifecycle" not in container(spec, "sidecar")  # the sidecar drains on SIGTERM itself
 
 

@@ -54,8 +54,14 @@ class SidecarState:
         self.session: aiohttp.ClientSession | None = None
 
     async def drain(self) -> bool:
-        """Stop taking requests, stay listening (503 + Retry-After), wait for in-flight work."""
+        """Turn not-ready, keep serving for the propagation delay, then refuse (503 + Retry-After)
+        while listening and wait for in-flight work."""
         self.health.begin_drain()
+        if self.settings.drain_propagation_s > 0:
+            # Endpoints and gateways still route here for a while: refusing now would fail those requests.
+            log.info("not ready; still serving while endpoints stop routing here",
+                     extra={"fields": {"propagation_s": self.settings.drain_propagation_s}})
+            await asyncio.sleep(self.settings.drain_propagation_s)
         log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight,
                                                "queued": self.admission.queued}})
         emptied = await self.admission.drain(self.settings.drain_timeout_s)
