@@ -24,7 +24,16 @@ import time
 from aiohttp import web
 
 STATE = {"health": "ok", "generate": "ok"}
-STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": []}
+STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {}}
+
+
+@web.middleware
+async def record(request: web.Request, handler):
+    """Every client request that reached the engine (raw target and headers): what the sidecar let through."""
+    if not request.path.startswith("/fake/") and request.path != "/health":
+        STATS["paths"].append(request.raw_path)
+        STATS["headers"] = dict(request.headers)
+    return await handler(request)
 
 
 def _chunk(i: int, chat: bool) -> bytes:
@@ -112,7 +121,7 @@ def main() -> None:
     port = int(sys.argv[1])
     if "--start-delay" in sys.argv:
         time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
-    app = web.Application()
+    app = web.Application(middlewares=[record])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", generate)
