@@ -119,8 +119,11 @@ class Proxy:
         except errors.ApiError as exc:
             status = exc.status
             record["error"] = exc.code
-            await send({"type": "http.response.start", "status": exc.status, "headers": exc.headers(rid)})
-            await send({"type": "http.response.body", "body": exc.body()})
+            answer = exc.body()
+            headers = exc.headers(rid)
+            headers.append((b"content-length", b"%d" % len(answer)))  # not chunked: one write, any client reads it
+            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
             record["client_disconnected"] = True
