@@ -76,7 +76,7 @@ class Settings(BaseSettings):
 
     # --- sidecar: front end (bounds on what a client connection may cost) ----------------
     max_connections: int = Field(
-        1024, description="Open client connections; beyond it a new one gets a canned 503 and is closed at once."
+        512, description="Open client connections; beyond it a new one gets a canned 503 and is closed at once."
     )
     max_request_line_bytes: int = Field(8 * 1024, description="Longest request line (method, target, version); longer is 414.")
     max_header_bytes: int = Field(16 * 1024, description="Largest request head (request line and headers); larger is 431.")

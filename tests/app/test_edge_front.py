@@ -386,3 +386,28 @@ def test_keys_reload_when_the_file_changes(engine, sidecar_factory, client, tmp_
         time.sleep(1.2)  # past the once-a-second check; nothing to wait on but the clock itself
         assert status("second-key-123456") == 200
         assert "unusable" in sc.log()
+
+
+def test_bodies_held_before_admission_are_capped_over_all_connections(engine, sidecar_factory, client):
+    # Bodies are read before a slot is taken, so the cap is on bytes held over all connections:
+    # (in flight + queue) x body cap = 2 x 1000 bytes here.
+    with sidecar_factory(engine.url, PALMYRA_MAX_IN_FLIGHT="1", PALMYRA_MAX_QUEUE="1",
+                         PALMYRA_MAX_BODY_BYTES="1000") as sc:
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n")
+        slow = [socket.create_connection(("127.0.0.1", sc.port), timeout=10) for _ in range(3)]
+        try:
+            for s in slow[:2]:
+                s.sendall(head + b" " * 900)  # held, never completed
+            # The sidecar reads sockets in the order data arrives: the first two are held by now
+            # (a round trip on another connection proves the loop has passed them).
+            assert client.get(f"{sc.url}/health/sidecar").status_code == 200
+            slow[2].sendall(head + b" " * 900)
+            answer = slow[2].recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+            assert b"bodies_over_budget" in answer
+        finally:
+            for s in slow:
+                s.close()
+        wait_until(lambda: client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200,
+                   timeout_s=5, what="bodies released once their connections closed")

@@ -155,6 +155,11 @@ def invalid_role(role: object, allowed: str) -> ApiError:
                     "invalid_role", param="messages")
 
 
+def bodies_over_budget(retry_after: int) -> ApiError:
+    return ApiError(503, "Too many request bodies are held at once; retry shortly.", "service_unavailable",
+                    "bodies_over_budget", retry_after=retry_after)
+
+
 # Written by the HTTP protocol itself (front_end.py), before any request object exists.
 def header_too_large(limit: int) -> ApiError:
     return ApiError(431, f"Request headers exceed {limit} bytes or the header count limit.",

@@ -28,6 +28,7 @@ from palmyra_serve.sidecar.engine_pool import (
     UpstreamTimeout,
 )
 from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.memory_budget import body_budget
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.request_cost import CostLimits
 from palmyra_serve.sidecar.request_cost import check as check_cost
@@ -69,6 +70,10 @@ class Proxy:
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
         self.pool: EnginePool | None = None  # set by the app's lifespan
         self.access_log = AccessLog()
+        # Bodies held in memory at once, over all connections: reading a body happens before
+        # admission, so without this cap max_connections slow uploads could each hold a full body.
+        self.body_budget = body_budget(settings)
+        self.body_held = 0
         self.cost_limits = CostLimits(settings.max_tokens_cap or settings.max_model_len, settings.max_choices,
                                       settings.max_logprobs)
 
@@ -96,6 +101,7 @@ class Proxy:
         rid = request_id_from(rid_raw)
         record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
         status = 500
+        held = 0
         try:
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
@@ -106,6 +112,7 @@ class Proxy:
             if self.admission.draining:
                 raise _reject(self.metrics, errors.draining(self.settings.retry_after_s))
             body = await self._read_body(receive, clen)
+            held = len(body)
             if entry.generates and body:
                 self._check_cost(body, entry)
             try:
@@ -128,6 +135,7 @@ class Proxy:
             status = 499  # nginx's "client closed request": counted, never sent
             record["client_disconnected"] = True
         finally:
+            self.body_held -= held
             took = time.perf_counter() - t0
             self.metrics.count_request(route, status)
             self.metrics.duration.labels(route).observe(took)
@@ -151,13 +159,19 @@ class Proxy:
                         raise ClientGone
                     chunk = message.get("body", b"")
                     size += len(chunk)
+                    self.body_held += len(chunk)
                     if size > limit:
                         raise _reject(self.metrics, errors.body_too_large(limit))
+                    if self.body_held > self.body_budget:
+                        raise _reject(self.metrics, errors.bodies_over_budget(self.settings.retry_after_s))
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
-        except TimeoutError:
-            raise _reject(self.metrics, errors.body_timeout()) from None
+        except BaseException as exc:
+            self.body_held -= size  # on success the caller releases it when the request ends
+            if isinstance(exc, TimeoutError):
+                raise _reject(self.metrics, errors.body_timeout()) from None
+            raise
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _check_cost(self, body: bytes, entry: Route) -> None:
