@@ -81,6 +81,12 @@ def run_up(settings: Settings) -> int:
     env["PALMYRA_PLATFORM"] = settings.platform
     if settings.enforce_eager:
         env["PALMYRA_ENFORCE_EAGER"] = "true"
+    # Auth fails closed everywhere else; the local quick start on loopback is the one place that
+    # serves without keys, and only when none is configured. It says so on its console line.
+    auth_note = "client API keys required"
+    if not settings.api_keys and settings.api_keys_file is None:
+        env["PALMYRA_AUTH_DISABLED"] = "true"
+        auth_note = "no client API key: auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)"
 
     stopping = False
 
@@ -99,7 +105,7 @@ def run_up(settings: Settings) -> int:
     t0 = time.monotonic()
     code = 0
     try:
-        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/")
+        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/; {auth_note}")
         last = ""
         while not stopping:
             if engine.poll() is not None or sidecar.poll() is not None:

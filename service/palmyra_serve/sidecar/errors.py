@@ -183,3 +183,9 @@ def header_timeout(seconds: float) -> ApiError:
 def write_timeout(seconds: float) -> ApiError:
     # Never sent (the client stopped reading); named so that its metric reason is its code too.
     return ApiError(408, f"The client read nothing for {seconds:g} s.", "invalid_request_error", "write_timeout")
+
+
+# Every code above in this block: the metric reasons the front end adds to palmyra_rejections_total.
+FRONT_END_CODES = ("not_found", "method_not_allowed", "upgrade_not_supported", "invalid_parameter",
+                   "parameter_too_large", "invalid_role", "bodies_over_budget", "header_too_large", "uri_too_long",
+                   "too_many_connections", "header_timeout", "write_timeout")
