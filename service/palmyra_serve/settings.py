@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(16 * 1024, description="Largest request head (request line and headers); larger is 431.")
     max_header_count: int = Field(100, description="Most request header fields; more is 431.")
     header_timeout_s: float = Field(
-        5.0, description="A connection's request head must arrive within this (from connect or the first byte); else closed."
+        8.0, description="A connection's request head must arrive within this (from connect or the first byte); else closed."
     )
     body_timeout_s: float = Field(30.0, description="A request body must arrive within this; else 408.")
     write_timeout_s: float = Field(

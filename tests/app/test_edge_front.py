@@ -195,7 +195,7 @@ def test_header_count_and_request_line_limits(sidecar, client):
 
 
 def test_slow_headers_are_closed_within_ten_seconds(sidecar, client):
-    # One header line every 5 s, as the attacker did: the head has 5 s (the default) in all.
+    # One header line every 5 s, as the attacker did: the head has 8 s (the default) in all.
     with socket.create_connection(("127.0.0.1", sidecar.port), timeout=15) as s:
         t0 = time.monotonic()
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")

@@ -223,7 +223,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _on_write_timeout(self) -> None:
         self._write_timer = None
-        self._count(self.write_timeout)  # counted, never sent: the client is not reading
+        if self.metrics is not None:  # the relay counts the request itself (499); this counts why
+            self.metrics.rejections.labels(self.write_timeout.code).inc()
         self.transport.abort()  # connection_lost: the app sees a disconnect and cancels the relay
 
     def _count(self, exc: errors.ApiError) -> None:
