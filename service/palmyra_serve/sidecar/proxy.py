@@ -1,6 +1,8 @@
 """The streaming relay to the engine: the hot path, written as raw ASGI.
 
-Per request: check the key, read the body under a size and time limit, take an admission slot,
+Per request: match the allow-list (routes.py; anything else is refused here, never relayed),
+check the key, read the body under a size and time limit, check a generation's cost on the values
+vLLM will use (request_cost.py), take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), record
 metrics and one log line. A watcher task notices a client that goes away, streamed or not, and
 cancels the relay at once; that closes the engine connection, which makes vLLM abort the generation.
