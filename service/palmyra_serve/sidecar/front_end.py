@@ -11,8 +11,8 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
   request on a kept-alive connection).
 - Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
   before any parsing.
-- A client that stops reading: the transport calls pause_writing() when its buffer passes the
-  high-water mark; if resume_writing() does not follow within write_timeout_s, the transport is
+- A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
+  the transport calls pause_writing() soon after its client stops reading; if resume_writing() does not follow within write_timeout_s, the transport is
   aborted. uvicorn then reports the disconnect to the app, whose watcher cancels the relay, which
   closes the engine connection, which makes vLLM abort the generation. Nothing runs per chunk:
   one timer per pause.
@@ -26,6 +26,8 @@ and dropped for up to LINGER_S so the client sees the response rather than a res
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any
 
 import httptools
@@ -37,6 +39,8 @@ from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.routes import OTHER
 
 LINGER_S = 2.0
+NOTSENT_LOWAT = 16 * 1024
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
 
 
 def raw_response(exc: errors.ApiError) -> bytes:
@@ -92,6 +96,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Keep at most NOTSENT_LOWAT bytes queued-but-unsent in the kernel. Linux otherwise
+            # grows the send buffer to 4 MiB, which a slow token stream to a client that stopped
+            # reading would take minutes to fill before pause_writing() (and the write timeout)
+            # ever fired. Throughput is unaffected: data in flight is not counted.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._head_timer, self._write_timer, self._linger_timer):
