@@ -61,8 +61,8 @@ class Settings(BaseSettings):
     max_queue: int = Field(256, description="Requests waiting for a slot; beyond that 429.")
     queue_timeout_s: float = Field(30.0, description="Longest wait in the queue before 429.")
     max_body_bytes: int = Field(
-        1024 * 1024,
-        description="Largest request body; larger is 413. 1 MiB is 8x the largest prompt max-model-len 8192 admits "
+        768 * 1024,
+        description="Largest request body; larger is 413. 768 KiB is 6x the largest prompt max-model-len 8192 admits "
                     "(about 128 KiB of JSON); every in-flight and queued request may hold one (see the memory budget).",
     )
     max_tokens_cap: int | None = Field(
@@ -76,7 +76,9 @@ class Settings(BaseSettings):
 
     # --- sidecar: front end (bounds on what a client connection may cost) ----------------
     max_connections: int = Field(
-        512, description="Open client connections; beyond it a new one gets a canned 503 and is closed at once."
+        384,
+        description="Open client connections (in flight + queued + 64 spare for probes and idle keep-alive); beyond "
+                    "it a new one gets a canned 503 and is closed at once.",
     )
     max_request_line_bytes: int = Field(8 * 1024, description="Longest request line (method, target, version); longer is 414.")
     max_header_bytes: int = Field(16 * 1024, description="Largest request head (request line and headers); larger is 431.")

@@ -23,6 +23,11 @@ HEADER_FIELD_BYTES = 128
 # Per request in flight: the client transport's write buffer up to its high-water mark (64 KiB,
 # then pause_writing) and one read from the engine (up to 64 KiB).
 IN_FLIGHT_BUFFER_BYTES = 128 * KIB
+# The kernel's socket buffers of one client connection, which cgroup v2 charges to the container:
+# the receive buffer at Linux's default size (tcp_rmem[1]; it grows only for a reader that keeps
+# up, and uvicorn stops reading only while a body waits to be consumed), and the unsent queue that
+# front_end.py caps with TCP_NOTSENT_LOWAT.
+SOCKET_BUFFER_BYTES = 128 * KIB + 16 * KIB
 # orjson's objects for the one body being checked at a time (the check is synchronous): a JSON
 # list of small integers expands about 8x (an 8-byte pointer per 1-2 byte element).
 PARSE_EXPANSION = 8
@@ -53,6 +58,8 @@ def terms(settings: Settings) -> list[Term]:
         Term("the body being parsed for the cost check", 1, PARSE_EXPANSION * settings.max_body_bytes),
         Term("open connections: max_connections x (2 x max_header_bytes + fields + overhead)",
              settings.max_connections, head),
+        Term("kernel socket buffers: max_connections x (receive buffer + unsent queue)",
+             settings.max_connections, SOCKET_BUFFER_BYTES),
         Term("relay buffers: max_in_flight x (client write buffer + engine read)",
              settings.max_in_flight, IN_FLIGHT_BUFFER_BYTES),
     ]
