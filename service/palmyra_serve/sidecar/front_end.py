@@ -208,8 +208,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # --- refusals and timers -----------------------------------------------------------------
     def _refuse(self, exc: errors.ApiError) -> None:
         self._count(exc)
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(raw_response(exc))
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head went wrong while the previous response is still being sent: let
+            # that response finish, then close; read nothing more.
+            self._discarding = True
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(raw_response(exc))
         self._linger()
 
     def _linger(self) -> None:
