@@ -38,6 +38,7 @@ from palmyra_serve.sidecar.metrics import PHASES, SidecarMetrics  # noqa: E402
 ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 METRICS_DOC = REPO / "docs" / "metrics.md"
+DEPLOYMENT = REPO / "k8s" / "base" / "deployment.yaml"
 BLOCK = re.compile(r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)",
                    re.S)
 # Labels whose values are open-ended (not a fixed, pre-created set): shown by name and meaning only.
@@ -294,8 +295,19 @@ def buckets_table() -> str:
 
 # --- splicing ---------------------------------------------------------------------------------
 
+def sidecar_memory() -> str:
+    """The sidecar's worst-case memory for the default settings, against its container limit."""
+    import yaml
+
+    from palmyra_serve.sidecar import memory_budget
+
+    deployment = next(d for d in yaml.safe_load_all(DEPLOYMENT.read_text()) if d and d.get("kind") == "Deployment")
+    return memory_budget.markdown(Settings(), memory_budget.container_limit(deployment, "sidecar"))
+
+
 GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
-    CONFIG_DOC: {"settings": settings_table, "cli": cli_reference, "engine-command": engine_commands},
+    CONFIG_DOC: {"settings": settings_table, "cli": cli_reference, "engine-command": engine_commands,
+                 "sidecar-memory": sidecar_memory},
     METRICS_DOC: {"sidecar-metrics": metrics_table, "sidecar-buckets": buckets_table},
 }
 

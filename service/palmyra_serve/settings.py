@@ -60,15 +60,49 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(64, description="Requests relayed to the engine at once; more wait in the queue.")
     max_queue: int = Field(256, description="Requests waiting for a slot; beyond that 429.")
     queue_timeout_s: float = Field(30.0, description="Longest wait in the queue before 429.")
-    max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; larger is 413.")
-    max_tokens_cap: int | None = Field(None, description="Reject requests asking for more max_tokens than this (400).")
+    max_body_bytes: int = Field(
+        768 * 1024,
+        description="Largest request body; larger is 413. 768 KiB is 6x the largest prompt max-model-len 8192 admits "
+                    "(about 128 KiB of JSON); every in-flight and queued request may hold one (see the memory budget).",
+    )
+    max_tokens_cap: int | None = Field(
+        None, description="Largest max_tokens / max_completion_tokens / min_tokens (400 beyond); unset: max-model-len."
+    )
+    max_choices: int = Field(
+        8, description="Largest n (and best_of), and of prompts x n for a list of prompts: sequences per request (400 beyond)."
+    )
+    max_logprobs: int = Field(20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap).")
     retry_after_s: int = Field(1, description="Retry-After seconds on 429 and 503.")
+
+    # --- sidecar: front end (bounds on what a client connection may cost) ----------------
+    max_connections: int = Field(
+        384,
+        description="Open client connections (in flight + queued + 64 spare for probes and idle keep-alive); beyond "
+                    "it a new one gets a canned 503 and is closed at once.",
+    )
+    max_request_line_bytes: int = Field(8 * 1024, description="Longest request line (method, target, version); longer is 414.")
+    max_header_bytes: int = Field(16 * 1024, description="Largest request head (request line and headers); larger is 431.")
+    max_header_count: int = Field(100, description="Most request header fields; more is 431.")
+    header_timeout_s: float = Field(
+        8.0, description="A connection's request head must arrive within this (from connect or the first byte); else closed."
+    )
+    body_timeout_s: float = Field(30.0, description="A request body must arrive within this; else 408.")
+    write_timeout_s: float = Field(
+        10.0,
+        description="A client that reads nothing while its send buffer is full for this long is disconnected "
+                    "(its slot freed, the engine stops generating for it).",
+    )
 
     # --- sidecar: auth, logs ----------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Client API keys, comma-separated; empty means no auth."
+        default_factory=list, description="Client API keys, comma-separated. Keys are required unless auth is disabled."
     )
-    api_keys_file: Path | None = Field(None, description="File with one API key per line (a mounted secret).")
+    api_keys_file: Path | None = Field(
+        None, description="File with one API key per line (a mounted secret); re-read when it changes (checked once a second)."
+    )
+    auth_disabled: bool = Field(
+        False, description="Serve without API keys. Only an explicit true turns auth off (the local quick start sets it)."
+    )
     log_level: str = Field("info", description="Log level of the JSON logs.")
     up_log_dir: Path = Field(Path(".palmyra/logs"), description="`up` writes the engine's and sidecar's logs here.")
 

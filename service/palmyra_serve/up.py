@@ -91,6 +91,12 @@ def run_up(settings: Settings) -> int:
     env["PALMYRA_PLATFORM"] = settings.platform
     if settings.enforce_eager:
         env["PALMYRA_ENFORCE_EAGER"] = "true"
+    # Auth fails closed everywhere else; the local quick start on loopback is the one place that
+    # serves without keys, and only when none is configured. It says so on its console line.
+    auth_note = "client API keys required"
+    if not settings.api_keys and settings.api_keys_file is None:
+        env["PALMYRA_AUTH_DISABLED"] = "true"
+        auth_note = "no client API key: auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)"
 
     stopping = False
 
@@ -114,7 +120,7 @@ def run_up(settings: Settings) -> int:
     restart_at: float | None = None
     announced = was_ready = False
     try:
-        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/")
+        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/; {auth_note}")
         last = ""
         while not stopping:
             now = time.monotonic()

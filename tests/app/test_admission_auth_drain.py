@@ -60,8 +60,9 @@ def test_api_keys_guard_v1_but_not_health_ready_metrics(engine, sidecar_factory,
     with sidecar_factory(engine.url, PALMYRA_API_KEYS="env-key-1", PALMYRA_API_KEYS_FILE=str(keyfile)) as sc:
         for auth in (None, "Bearer wrong", "Bearer env-key", "Bearer env-key-1x", "Basic env-key-1", "env-key-1"):
             headers = {"Authorization": auth} if auth else {}
-            for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/anything"):
-                resp = client.post(f"{sc.url}{path}", json=completion(), headers=headers)
+            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                 ("GET", "/v1/models"), ("POST", "/tokenize")):
+                resp = client.request(method, f"{sc.url}{path}", json=completion(), headers=headers)
                 assert_openai_error(resp, 401, "invalid_api_key")
         for key in ("env-key-1", "file-key-2"):
             resp = client.post(f"{sc.url}/v1/completions", json=completion(), headers={"Authorization": f"Bearer {key}"})

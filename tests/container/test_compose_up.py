@@ -52,6 +52,7 @@ def stack(built_images: BuiltImages) -> Iterator[dict[str, str]]:
         assert port_is_free(port), f"127.0.0.1:{port} is taken: compose/podman-test.override.yml needs it"
     env = env_with(
         PALMYRA_ENGINE_API_KEY="compose-test-engine-key",
+        PALMYRA_AUTH_DISABLED="true",  # auth fails closed; this stack serves without client keys
         HF_ENDPOINT="http://127.0.0.1:9",  # nothing leaves the machine
     )
     compose("down", "-v", "-t", "5", env=env, timeout=300)  # leftovers of an interrupted run

@@ -74,6 +74,7 @@ def running_pair(built_images: BuiltImages, tiny_model_dir: Path) -> Iterator[Pa
         "run", "-d", "--name", pair.sidecar, "--network", "host",
         "-e", f"PALMYRA_ENGINE_URL=http://127.0.0.1:{engine_port}",
         "-e", f"PALMYRA_ENGINE_API_KEY={ENGINE_KEY}",
+        "-e", "PALMYRA_AUTH_DISABLED=true",  # auth fails closed; this pair serves without client keys
     ]
     if sidecar_port != 8080:
         sidecar_args += ["--health-cmd", probe_cmd(f"http://127.0.0.1:{sidecar_port}/health/sidecar")]

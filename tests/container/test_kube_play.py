@@ -226,7 +226,9 @@ def make_shm_volume(objs: list[dict]) -> None:
 def create_secret(workdir: Path) -> None:
     # podman 4.3 reads a secretKeyRef's secret as a JSON map of base64 values.
     path = workdir / "secret.json"
-    path.write_text(json.dumps({"engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode()}))
+    # api-keys is required: the sidecar fails closed without a client key.
+    path.write_text(json.dumps({"engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode(),
+                                "api-keys": base64.b64encode(b"kube-play-client-key").decode()}))
     path.chmod(0o600)
     podman("secret", "create", SECRET, str(path))
     path.unlink()

@@ -21,8 +21,6 @@ ROUTES = [("POST", "/v1/completions", completion(max_tokens=2)),
           ("POST", "/v1/chat/completions",
            {"model": "palmyra-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
           ("GET", "/v1/models", None),
-          ("POST", "/v1/embeddings", {"model": "palmyra-mini", "input": "hi"}),
-          ("GET", "/v1/does-not-exist", None),
           ("POST", "/tokenize", {"model": "palmyra-mini", "prompt": "hi"}),
           ("POST", "/detokenize", {"model": "palmyra-mini", "tokens": [9707]})]
 BAD_AUTH = {
@@ -71,6 +69,12 @@ def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith('palmyra_rejections_total{reason="invalid_api_key"}'))
     assert counted == refused
+    # Off the allow-list is a 404 with or without a key: it never reaches the engine to ask.
+    with plain_client(timeout=30) as client:
+        for path in ("/v1/embeddings", "/v1/does-not-exist", "/invocations"):
+            for auth in (None, f"Bearer {KEY_A}"):
+                resp = call(client, sidecar.url, "POST", path, {"model": "palmyra-mini", "input": "hi"}, auth)
+                assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", (path, resp.text)
     figure("auth", refused_401=refused, routes=len(ROUTES), bad_credentials=len(BAD_AUTH), valid_keys_accepted=2)
 
 

@@ -40,6 +40,8 @@ def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_mod
             time.sleep(1)
         out = log_path.read_text()
         assert f"http://127.0.0.1:{port}" in out and "curl " in out
+        # No key configured: the quick start, and only it, serves without auth, and says so.
+        assert "auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)" in out
         resp = HTTP.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                           json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5

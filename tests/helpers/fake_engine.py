@@ -38,7 +38,16 @@ METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model e
                 b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": []}
+STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {}}
+
+
+@web.middleware
+async def record(request: web.Request, handler):
+    """Every client request that reached the engine (raw target and headers): what the sidecar let through."""
+    if not request.path.startswith("/fake/") and request.path != "/health":
+        STATS["paths"].append(request.raw_path)
+        STATS["headers"] = dict(request.headers)
+    return await handler(request)
 
 
 def _chunk(i: int, chat: bool) -> bytes:
@@ -183,7 +192,7 @@ def main() -> None:
     port = int(sys.argv[1])
     if "--start-delay" in sys.argv:
         time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
-    app = web.Application()
+    app = web.Application(middlewares=[record])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", engine_metrics)

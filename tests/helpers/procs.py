@@ -119,8 +119,10 @@ def sidecar(engine_url: str, log_dir: Path, engine_api_key: str | None = None,
     """The real sidecar process (uvicorn, real socket) in front of engine_url."""
     port = free_port()
     # No load balancer follows this sidecar's /ready, so no propagation delay unless a test asks.
+    # Auth fails closed: a test sidecar serves without keys only because it says so here; tests
+    # that pass PALMYRA_API_KEYS get them enforced (configured keys win over the switch).
     env = {"PALMYRA_ENGINE_URL": engine_url, "PALMYRA_PORT": str(port), "PALMYRA_HOST": "127.0.0.1",
-           "PALMYRA_DRAIN_PROPAGATION_S": "0",
+           "PALMYRA_DRAIN_PROPAGATION_S": "0", "PALMYRA_AUTH_DISABLED": "true",
            **({"PALMYRA_ENGINE_API_KEY": engine_api_key} if engine_api_key else {}), **(extra_env or {})}
     log_path = log_dir / f"sidecar-{port}.log"
     proc = spawn([PALMYRA, "sidecar"], log_path, env)

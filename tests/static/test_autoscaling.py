@@ -45,7 +45,7 @@ def sidecar_exposition() -> dict[str, list[dict[str, str]]]:
     """sample name -> label sets, from the sidecar's registry with its gauges bound the way the app
     binds them (SidecarState), rendered by prometheus_client's exposition code."""
     metrics = SidecarMetrics()
-    SidecarState(Settings(), metrics)
+    SidecarState(Settings(auth_disabled=True), metrics)
     samples: dict[str, list[dict[str, str]]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
         for sample in family.samples:
@@ -145,7 +145,7 @@ def test_concurrency_limit_is_the_admission_limit():
     """The denominator is what the replica admits, not a constant: change the setting, it follows."""
     for limit in (4, 64):
         metrics = SidecarMetrics()
-        SidecarState(Settings(max_in_flight=limit), metrics)
+        SidecarState(Settings(max_in_flight=limit, auth_disabled=True), metrics)
         assert metrics.registry.get_sample_value("palmyra_concurrency_limit") == limit
 
 

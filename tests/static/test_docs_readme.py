@@ -149,10 +149,10 @@ def dockerfile_targets() -> set[str]:
 
 def sidecar_paths() -> set[str]:
     from palmyra_serve.sidecar.app import create_app
-    from palmyra_serve.sidecar.proxy import ROUTE_OF
+    from palmyra_serve.sidecar.routes import RELAYED
 
-    app = create_app(Settings())
-    return set(app.control.openapi()["paths"]) | set(ROUTE_OF) | {"/openapi.json", "/docs"}
+    app = create_app(Settings(auth_disabled=True))
+    return set(app.control.openapi()["paths"]) | set(RELAYED) | {"/openapi.json", "/docs"}
 
 
 def k8s_deployments() -> dict[str, set[str]]:

@@ -61,7 +61,7 @@ ASCEND_HOST_PATHS = {
 RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must survive
 SECRET_ENV = {  # container -> env name -> (secret key, optional)
     "engine": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False)},
-    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", True)},
+    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", False)},
     "fetch-model": {"HF_TOKEN": ("hf-token", True)},
 }
 

@@ -59,11 +59,12 @@ def test_admission_queue_timeout_and_drain():
 
 
 def test_api_keys_accept_only_whole_bearer_keys():
-    keys = ApiKeys(["k-123", "other"])
-    assert keys.check(b"Bearer k-123") and keys.check(b"bearer other")
-    for bad in (None, b"", b"Bearer k-12", b"Bearer k-1234", b"k-123", b"Basic k-123", b"Bearer "):
+    keys = ApiKeys(["k-123-abcd", "other-key-9"])
+    assert keys.check(b"Bearer k-123-abcd") and keys.check(b"bearer other-key-9")
+    for bad in (None, b"", b"Bearer k-123-abc", b"Bearer k-123-abcde", b"k-123-abcd", b"Basic k-123-abcd",
+                b"Bearer "):
         assert not keys.check(bad)
-    assert ApiKeys([]).check(None)
+    assert ApiKeys([], disabled=True).check(None)
 
 
 class Clock:

@@ -1,9 +1,11 @@
 """create_app(): the sidecar as one ASGI application.
 
-`/v1/*`, `/tokenize` and `/detokenize` go straight to the raw-ASGI relay (proxy.py): the hot path
-pays for no framework. Everything else (health, readiness, metrics, the engine's own metrics page
-at /engine/metrics, the OpenAPI document) is a small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health poller
-and the warmup supervisor.
+The control paths (health, readiness, metrics, the engine's own metrics page at
+/engine/metrics, the OpenAPI document; routes.CONTROL_PATHS) go to
+a small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health
+poller and the warmup supervisor. Every other request goes to the raw-ASGI relay (proxy.py), which
+relays its allow-list (routes.RELAYED) and refuses the rest itself: the hot path pays for no
+framework, and nothing outside the allow-list reaches the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
-from palmyra_serve.sidecar.proxy import ROUTE_OF, Proxy
+from palmyra_serve.sidecar.proxy import Proxy
+from palmyra_serve.sidecar.routes import CONTROL_PATHS
 from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge, new_session
 from palmyra_serve.sidecar.warmup import Supervisor
 
@@ -50,7 +53,7 @@ class SidecarState:
                                    settings.retry_after_s)
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
         metrics.concurrency_limit.set_function(lambda: self.admission.max_in_flight)
-        self.proxy = Proxy(settings, metrics, self.admission, ApiKeys(settings.all_api_keys()), self.health)
+        self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
         self.session: aiohttp.ClientSession | None = None
 
     async def drain(self) -> bool:
@@ -80,11 +83,9 @@ class SidecarApp:
         self.proxy = state.proxy
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            if path.startswith("/v1/") or path in ROUTE_OF:
-                await self.proxy(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["path"] not in CONTROL_PATHS:
+            await self.proxy(scope, receive, send)
+            return
         await self.control(scope, receive, send)
 
 

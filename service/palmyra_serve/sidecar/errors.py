@@ -132,3 +132,85 @@ def openai_shaped(status: int, body: bytes, reason: str) -> bytes | None:
         message = body.decode("utf-8", "replace")[:500] or reason
     kind = "invalid_request_error" if status < 500 else "server_error"
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+
+# --- the front end's refusals (routes, protocol limits, request cost) ------------------------
+# Each code is also the metric reason of palmyra_rejections_total.
+
+
+@dataclass(frozen=True)
+class ApiErrorWithHeaders(ApiError):
+    """An ApiError that needs headers of its own (Allow on a 405, Connection: close)."""
+
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+
+    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        return super().headers(request_id) + list(self.extra)
+
+
+def not_found(method: str, path: str) -> ApiError:
+    # OpenAI answers an unknown route with "Invalid URL (METHOD /path)"; the path is the decoded one,
+    # already bounded by the front end's request-line limit.
+    return ApiError(404, f"Invalid URL ({method} {path[:200]})", "invalid_request_error", "not_found")
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> ApiError:
+    return ApiErrorWithHeaders(405, f"Method {method[:20]} is not allowed on {path}; use {allow}.",
+                               "invalid_request_error", "method_not_allowed", extra=((b"allow", allow.encode()),))
+
+
+def upgrade_refused() -> ApiError:
+    # 400, not 426: 426 asks the client to switch protocols, the opposite of what is meant here.
+    return ApiError(400, "Protocol upgrades (Upgrade header) are not supported here.", "invalid_request_error",
+                    "upgrade_not_supported")
+
+
+def invalid_parameter(param: str, message: str) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", "invalid_parameter", param=param)
+
+
+def parameter_too_large(param: str, asked: int, cap: int) -> ApiError:
+    return ApiError(400, f"{param}={asked} exceeds this service's limit of {cap}.", "invalid_request_error",
+                    "parameter_too_large", param=param)
+
+
+def invalid_role(role: object, allowed: str) -> ApiError:
+    shown = role[:40] if isinstance(role, str) else type(role).__name__
+    return ApiError(400, f"Message role {shown!r} is not one of {allowed}.", "invalid_request_error",
+                    "invalid_role", param="messages")
+
+
+def bodies_over_budget(retry_after: int) -> ApiError:
+    return ApiError(503, "Too many request bodies are held at once; retry shortly.", "service_unavailable",
+                    "bodies_over_budget", retry_after=retry_after)
+
+
+# Written by the HTTP protocol itself (front_end.py), before any request object exists.
+def header_too_large(limit: int) -> ApiError:
+    return ApiError(431, f"Request headers exceed {limit} bytes or the header count limit.",
+                    "invalid_request_error", "header_too_large")
+
+
+def request_line_too_long(limit: int) -> ApiError:
+    return ApiError(414, f"The request line exceeds {limit} bytes.", "invalid_request_error", "uri_too_long")
+
+
+def too_many_connections(retry_after: int) -> ApiError:
+    return ApiError(503, "Too many open connections; retry shortly.", "service_unavailable",
+                    "too_many_connections", retry_after=retry_after)
+
+
+def header_timeout(seconds: float) -> ApiError:
+    return ApiError(408, f"The request head did not arrive within {seconds:g} s.", "invalid_request_error",
+                    "header_timeout")
+
+
+def write_timeout(seconds: float) -> ApiError:
+    # Never sent (the client stopped reading); named so that its metric reason is its code too.
+    return ApiError(408, f"The client read nothing for {seconds:g} s.", "invalid_request_error", "write_timeout")
+
+
+# Every code above in this block: the metric reasons the front end adds to palmyra_rejections_total.
+FRONT_END_CODES = ("not_found", "method_not_allowed", "upgrade_not_supported", "invalid_parameter",
+                   "parameter_too_large", "invalid_role", "bodies_over_budget", "header_too_large", "uri_too_long",
+                   "too_many_connections", "header_timeout", "write_timeout")

@@ -1,5 +1,7 @@
 """The OpenAPI document also describes the relayed routes, so clients and fuzzers see one API.
 
+Its paths are exactly routes.RELAYED (a unit test checks it): what is documented is what is relayed.
+
 The relay never goes through FastAPI, so these routes are added to the document only. Request
 schemas list the fields OpenAI clients send; the engine validates them and its errors pass through.
 """
@@ -41,14 +43,23 @@ _CHAT = {
         "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}}}}},
 }
 
+_TOKENIZE = {"type": "object", "required": ["model"],
+             "properties": {"model": {"type": "string"}, "prompt": {"type": "string"}, "messages": {"type": "array"}}}
+_DETOKENIZE = {"type": "object", "required": ["model", "tokens"],
+               "properties": {"model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}}}
+
 
 def _responses(ok: str) -> dict[str, Any]:
     err = {"content": {"application/json": {"schema": _ERROR}}}
     out: dict[str, Any] = {"200": {"description": ok, "content": {"application/json": {"schema": {"type": "object"}},
                                                                   "text/event-stream": {"schema": {"type": "string"}}}}}
-    for code, what in (("400", "Invalid request"), ("401", "Missing or wrong API key"), ("404", "Unknown model"),
-                       ("413", "Body too large"), ("429", "At capacity (Retry-After)"),
-                       ("503", "Draining or engine unavailable (Retry-After)"), ("504", "Engine timeout")):
+    for code, what in (("400", "Invalid request, or over a cost cap (max_tokens, n, logprobs, prompts, roles)"),
+                       ("401", "Missing or wrong API key"), ("404", "Unknown model"),
+                       ("405", "Wrong method for this path (Allow)"), ("408", "Body not received in time"),
+                       ("413", "Body too large"), ("414", "Request line too long"),
+                       ("429", "At capacity (Retry-After)"), ("431", "Request headers too large or too many"),
+                       ("503", "Draining, engine unavailable or too many connections (Retry-After)"),
+                       ("504", "Engine timeout")):
         out[code] = {"description": what, **err}
     return out
 
@@ -64,6 +75,8 @@ PROXIED_PATHS = {
     "/v1/chat/completions": _post("Chat completion (streaming with stream=true)", _CHAT),
     "/v1/models": {"get": {"summary": "Served models", "tags": ["relayed to the engine"],
                            "responses": _responses("The model list")}},
+    "/tokenize": _post("Token ids of a prompt or chat (vLLM's; to fit max_tokens within max-model-len)", _TOKENIZE),
+    "/detokenize": _post("Text of token ids (vLLM's)", _DETOKENIZE),
 }
 
 

@@ -1,6 +1,8 @@
 """The streaming relay to the engine: the hot path, written as raw ASGI.
 
-Per request: check the key, read the body under a size and time limit, take an admission slot,
+Per request: match the allow-list (routes.py; anything else is refused here, never relayed),
+check the key, read the body under a size and time limit, check a generation's cost on the values
+vLLM will use (request_cost.py), take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), record
 metrics and one log line. A watcher task notices a client that goes away, streamed or not, and
 cancels the relay at once; that closes the engine connection, which makes vLLM abort the generation.
@@ -22,21 +24,19 @@ from palmyra_serve.sidecar.admission import Admission
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
 from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.memory_budget import body_budget
 from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.request_cost import CostLimits
+from palmyra_serve.sidecar.request_cost import check as check_cost
+from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
 from palmyra_serve.sidecar.sse import SseAccount
 
-ROUTE_OF = {
-    "/v1/completions": "completions",
-    "/v1/chat/completions": "chat_completions",
-    "/v1/models": "models",
-    "/tokenize": "tokenize",
-    "/detokenize": "tokenize",
-}
-GENERATION_ROUTES = frozenset({"completions", "chat_completions"})
-# Not forwarded upstream: hop-by-hop headers, the ones the pool writes itself, and the client's key.
-DROP_REQUEST = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                          b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-                          b"authorization", b"x-request-id", b"expect"})
+# Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
+# Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
+# writes itself, and the client's key. Upgrade never gets here: the front end refuses it.
+DROP_REQUEST = frozenset({b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
+                          b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host",
+                          b"content-length", b"authorization", b"x-request-id", b"expect"})
 # Not relayed back: hop-by-hop headers (RFC 9110 7.6.1), and the ones uvicorn writes itself.
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
                            b"upgrade", b"trailer", b"date", b"server", b"x-request-id", b"proxy-authenticate"})
@@ -70,12 +70,20 @@ class Proxy:
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
         self.pool: EnginePool | None = None  # set by the app's lifespan
         self.access_log = AccessLog()
+        # Bodies held in memory at once, over all connections: reading a body happens before
+        # admission, so without this cap max_connections slow uploads could each hold a full body.
+        self.body_budget = body_budget(settings)
+        self.body_held = 0
+        self.cost_limits = CostLimits(settings.max_tokens_cap or settings.max_model_len, settings.max_choices,
+                                      settings.max_logprobs)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
         path = scope["path"]
-        route = ROUTE_OF.get(path, "other")
+        entry = RELAYED.get(path)
+        route = entry.label if entry is not None else OTHER
         auth = rid_raw = clen = None
+        listed: list[bytes] | None = None
         fwd: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -84,23 +92,33 @@ class Proxy:
                 rid_raw = value
             elif name == b"content-length":
                 clen = value
+            elif name == b"connection" or name == b"proxy-connection":
+                listed = (listed or []) + [t.strip().lower() for t in value.split(b",")]
             if name not in DROP_REQUEST:
                 fwd.append((name, value))
+        if listed:  # headers a Connection header names are hop-by-hop too (RFC 9110 section 7.6.1)
+            fwd = [(n, v) for n, v in fwd if n not in listed]
         rid = request_id_from(rid_raw)
         record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
         status = 500
+        held = 0
         try:
+            if entry is None:
+                raise _reject(self.metrics, errors.not_found(scope["method"], path))
+            if scope["method"] not in entry.methods:
+                raise _reject(self.metrics, errors.method_not_allowed(scope["method"], path, entry.allow))
             if not self.keys.check(auth):
-                raise _reject(self.metrics, errors.unauthorized(), "unauthorized")
+                raise _reject(self.metrics, errors.unauthorized())
             if self.admission.draining:
-                raise _reject(self.metrics, errors.draining(self.settings.retry_after_s), "draining")
+                raise _reject(self.metrics, errors.draining(self.settings.retry_after_s))
             body = await self._read_body(receive, clen)
-            if self.settings.max_tokens_cap is not None and body:
-                self._check_max_tokens(body)
+            held = len(body)
+            if entry.generates and body:
+                self._check_cost(body, entry)
             try:
                 await self.admission.acquire()
             except errors.ApiError as exc:
-                raise _reject(self.metrics, exc, exc.code) from None
+                raise _reject(self.metrics, exc) from None
             try:
                 status = await self._relay(scope, receive, send, route, body, fwd, rid, record, t0)
             finally:
@@ -108,12 +126,16 @@ class Proxy:
         except errors.ApiError as exc:
             status = exc.status
             record["error"] = exc.code
-            await send({"type": "http.response.start", "status": exc.status, "headers": exc.headers(rid)})
-            await send({"type": "http.response.body", "body": exc.body()})
+            answer = exc.body()
+            headers = exc.headers(rid)
+            headers.append((b"content-length", b"%d" % len(answer)))  # not chunked: one write, any client reads it
+            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
             record["client_disconnected"] = True
         finally:
+            self.body_held -= held
             took = time.perf_counter() - t0
             self.metrics.count_request(route, status)
             self.metrics.duration.labels(route).observe(took)
@@ -124,39 +146,44 @@ class Proxy:
     async def _read_body(self, receive: Any, clen: bytes | None) -> bytes:
         limit = self.settings.max_body_bytes
         if clen is not None and clen.isdigit() and int(clen) > limit:
-            raise _reject(self.metrics, errors.body_too_large(limit), "body_too_large")
+            raise _reject(self.metrics, errors.body_too_large(limit))
         chunks: list[bytes] = []
         size = 0
         try:
-            # A slow-loris body must not hold a connection (or, later, a slot) forever.
-            async with asyncio.timeout(self.settings.read_timeout_s):
+            # A slow-loris body must not hold a connection (or, later, a slot): a deadline of its
+            # own, much shorter than the engine's read timeout.
+            async with asyncio.timeout(self.settings.body_timeout_s):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         raise ClientGone
                     chunk = message.get("body", b"")
                     size += len(chunk)
+                    self.body_held += len(chunk)
                     if size > limit:
-                        raise _reject(self.metrics, errors.body_too_large(limit), "body_too_large")
+                        raise _reject(self.metrics, errors.body_too_large(limit))
+                    if self.body_held > self.body_budget:
+                        raise _reject(self.metrics, errors.bodies_over_budget(self.settings.retry_after_s))
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
-        except TimeoutError:
-            raise _reject(self.metrics, errors.body_timeout(), "body_timeout") from None
+        except BaseException as exc:
+            self.body_held -= size  # on success the caller releases it when the request ends
+            if isinstance(exc, TimeoutError):
+                raise _reject(self.metrics, errors.body_timeout()) from None
+            raise
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def _check_max_tokens(self, body: bytes) -> None:
-        cap = self.settings.max_tokens_cap
+    def _check_cost(self, body: bytes, entry: Route) -> None:
+        """The parsed body lives only inside this call: it is dropped before the request waits."""
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise _reject(self.metrics, errors.invalid_json(), "invalid_json") from None
-        if not isinstance(payload, dict):
-            return
-        for param in ("max_tokens", "max_completion_tokens"):
-            asked = payload.get(param)
-            if isinstance(asked, int) and asked > cap:
-                raise _reject(self.metrics, errors.max_tokens_too_large(asked, cap, param), "max_tokens_too_large")
+            raise _reject(self.metrics, errors.invalid_json()) from None
+        try:
+            check_cost(payload, self.cost_limits, entry.chat)
+        except errors.ApiError as exc:
+            raise _reject(self.metrics, exc) from None
 
     async def _relay(self, scope: dict, receive: Any, send: Any, route: str, body: bytes,
                      fwd: list[tuple[bytes, bytes]], rid: str, record: dict, t0: float) -> int:
@@ -164,7 +191,7 @@ class Proxy:
         fwd.append((b"x-request-id", rid.encode()))
         if self.engine_auth:
             fwd.append((b"authorization", self.engine_auth))
-        target = scope.get("raw_path") or scope["path"].encode()
+        target = RELAYED[scope["path"]].target  # the allow-list's canonical path, never the client's raw one
         if qs := scope.get("query_string"):
             target += b"?" + qs
         # Watch for the client going away from before the engine is asked: a non-streamed generation
@@ -352,6 +379,7 @@ async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> N
             return
 
 
-def _reject(metrics: SidecarMetrics, exc: errors.ApiError, reason: str) -> errors.ApiError:
-    metrics.reject(exc.code)  # reason == code, always (the `reason` argument is kept for callers)
+def _reject(metrics: SidecarMetrics, exc: errors.ApiError) -> errors.ApiError:
+    """Count a refusal; its metric reason is always its error code."""
+    metrics.reject(exc.code)
     return exc

@@ -9,6 +9,7 @@ shut down; the process exits 0. A second SIGINT forces the exit.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from types import FrameType
 
@@ -16,6 +17,10 @@ import uvicorn
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
+from palmyra_serve.sidecar.auth import AuthConfigError
+from palmyra_serve.sidecar.front_end import bounded_protocol
+
+log = logging.getLogger("palmyra.sidecar")
 
 
 class DrainingServer(uvicorn.Server):
@@ -50,9 +55,16 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: Settings) -> None:
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except AuthConfigError as exc:
+        # Fail closed, and say why in one line rather than a traceback.
+        log.error("refusing to start: %s", exc)
+        raise SystemExit(2) from None
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools", lifespan="on",
+        app, host=settings.host, port=settings.port, loop="uvloop",
+        http=bounded_protocol(settings, app.sidecar.metrics),  # httptools, bounded (front_end.py)
+        ws="none", lifespan="on",
         access_log=False, log_config=None, server_header=False, backlog=2048,
         proxy_headers=False,  # nothing here reads the client address; saves a middleware per request
         timeout_keep_alive=30, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,

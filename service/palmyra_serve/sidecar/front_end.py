@@ -1,0 +1,267 @@
+"""The HTTP front end: uvicorn's httptools protocol with bounds on what one connection may cost.
+
+uvicorn (0.55) with httptools bounds none of these, and each was an attack on the sidecar:
+- Request head size: httptools joins a header's pieces as they arrive, so a 200 MiB header took
+  the process from 62 to 463 MB and 48 s of CPU. Here the bytes of a request head are counted
+  before they reach the parser; past max_header_bytes (or max_header_count fields, or a request
+  line over max_request_line_bytes) the client gets 431 (414) at once and the parser never
+  sees the rest.
+- Head time: a client sending a header line every 5 s held its connection forever. The head must
+  arrive within header_timeout_s of the connection opening (or of its first byte, for the next
+  request on a kept-alive connection).
+- Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
+  before any parsing.
+- A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
+  the transport calls pause_writing() soon after its client stops reading; if resume_writing() does not follow within write_timeout_s, the transport is
+  aborted. uvicorn then reports the disconnect to the app, whose watcher cancels the relay, which
+  closes the engine connection, which makes vLLM abort the generation. Nothing runs per chunk:
+  one timer per pause.
+- Upgrade: refused with 400 (see errors.upgrade_refused); this service speaks HTTP/1.1 only, and
+  llhttp stops parsing at an upgrade, which would leave a body unframed.
+After a refusal, or a response sent before the request's body was read (401, 404, 413, ...), the
+connection is closed "lingering", as nginx does: no more parsing, the rest of the input is read
+and dropped for up to LINGER_S so the client sees the response rather than a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.routes import OTHER
+
+LINGER_S = 2.0
+NOTSENT_LOWAT = 16 * 1024
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
+
+
+def raw_response(exc: errors.ApiError) -> bytes:
+    """A complete HTTP/1.1 response for an error the protocol itself answers (no ASGI cycle)."""
+    body = exc.body()
+    head = [STATUS_LINE[exc.status], b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+    if exc.retry_after is not None:
+        head.append(b"retry-after: %d\r\n" % exc.retry_after)
+    return b"".join(head) + b"\r\n" + body
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """Configured by bounded_protocol(); the limits are class attributes, shared by every connection."""
+
+    settings: Settings
+    metrics: SidecarMetrics | None = None
+    max_connections: int
+    max_head: int
+    max_line: int
+    max_fields: int
+    header_timeout_s: float
+    write_timeout_s: float
+    busy: bytes
+    head_too_large: errors.ApiError
+    line_too_long: errors.ApiError
+    upgrade: errors.ApiError
+    header_timeout: errors.ApiError
+    write_timeout: errors.ApiError
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # between requests counts as the head of the next one
+        self._head_bytes = 0
+        self._url_bytes = 0
+        self._fields = 0
+        self._message_done = True
+        self._refusal: errors.ApiError | None = None
+        self._discarding = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+
+    # --- connection ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:
+            # Refused before anything is parsed or allocated: one write, one close.
+            self.transport = transport
+            self._discarding = True
+            self._count(errors.too_many_connections(0))
+            transport.write(self.busy)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Keep at most NOTSENT_LOWAT bytes queued-but-unsent in the kernel. Linux otherwise
+            # grows the send buffer to 4 MiB, which a slow token stream to a client that stopped
+            # reading would take minutes to fill before pause_writing() (and the write timeout)
+            # ever fired. Throughput is unaffected: data in flight is not counted.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._head_timer, self._write_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._write_timer = self._linger_timer = None
+        super().connection_lost(exc)
+
+    # --- input -------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        if self._in_head:
+            room = self.max_head - self._head_bytes
+            if len(data) > room:
+                # Feed only what fits; if the head is still not complete the rest is never parsed.
+                if room > 0:
+                    self._head_bytes += room
+                    self._feed(data[:room])
+                if self._discarding or self.transport.is_closing():
+                    return
+                if self._in_head:
+                    self._refuse(self._refusal or self.head_too_large)
+                    return
+                self.data_received(data[room:])
+                return
+            self._head_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # on_headers_complete already flagged the refusal
+        except httptools.HttpParserError:
+            if self._refusal is None:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+                return
+        if self._refusal is not None and not self._discarding:
+            self._refuse(self._refusal)
+
+    # --- parser callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._message_done = False
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._url_bytes += len(url)
+        if self._url_bytes > self.max_line:
+            self._refusal = self._refusal or self.line_too_long
+            return
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        if self._fields > self.max_fields:
+            self._refusal = self._refusal or self.head_too_large
+            return
+        super().on_header(name, value)
+        if self.headers[-1][0] == b"upgrade":
+            self._refusal = self._refusal or self.upgrade
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = self._url_bytes = self._fields = 0
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if self._refusal is not None:
+            return  # no request is started; _feed answers once the parser returns
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head = True
+        self._message_done = True
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if not self._message_done and not self.transport.is_closing():
+            # Answered before the body arrived (401, 404, 413, ...): do not parse a body nobody
+            # will read, and do not reset the connection under the client's response either.
+            self._linger()
+            return
+        super().on_response_complete()
+
+    # --- output ------------------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._on_write_timeout)
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().resume_writing()
+
+    # --- refusals and timers -----------------------------------------------------------------
+    def _refuse(self, exc: errors.ApiError) -> None:
+        self._count(exc)
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head went wrong while the previous response is still being sent: let
+            # that response finish, then close; read nothing more.
+            self._discarding = True
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(raw_response(exc))
+        self._linger()
+
+    def _linger(self) -> None:
+        self._discarding = True
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # after what is buffered: the client sees the response, then EOF
+        self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def _on_header_timeout(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or not self._in_head:
+            return
+        if self._head_bytes:
+            self._count(self.header_timeout)
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(raw_response(self.header_timeout))
+        self._discarding = True
+        self.transport.close()
+
+    def _on_write_timeout(self) -> None:
+        self._write_timer = None
+        if self.metrics is not None:  # the relay counts the request itself (499); this counts why
+            self.metrics.rejections.labels(self.write_timeout.code).inc()
+        self.transport.abort()  # connection_lost: the app sees a disconnect and cancels the relay
+
+    def _count(self, exc: errors.ApiError) -> None:
+        if self.metrics is not None:
+            self.metrics.rejections.labels(exc.code).inc()
+            self.metrics.count_request(OTHER, exc.status)
+
+
+def bounded_protocol(settings: Settings, metrics: SidecarMetrics | None) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class uvicorn instantiates per connection, with these settings' limits."""
+    attrs = {
+        "settings": settings, "metrics": metrics, "max_connections": settings.max_connections,
+        "max_head": settings.max_header_bytes, "max_line": settings.max_request_line_bytes,
+        "max_fields": settings.max_header_count, "header_timeout_s": settings.header_timeout_s,
+        "write_timeout_s": settings.write_timeout_s,
+        "busy": raw_response(errors.too_many_connections(settings.retry_after_s)),
+        "head_too_large": errors.header_too_large(settings.max_header_bytes),
+        "line_too_long": errors.request_line_too_long(settings.max_request_line_bytes),
+        "upgrade": errors.upgrade_refused(),
+        "header_timeout": errors.header_timeout(settings.header_timeout_s),
+        "write_timeout": errors.write_timeout(settings.write_timeout_s),
+    }
+    return type("PalmyraHttpProtocol", (BoundedHttpToolsProtocol,), attrs)

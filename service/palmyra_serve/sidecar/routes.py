@@ -1,0 +1,52 @@
+"""The one place that names the sidecar's routes: what is relayed, what the sidecar answers itself,
+and the route labels metrics and logs use.
+
+The relay is an allow-list of exact (method, path) pairs. Anything else is answered by the sidecar
+(404, or 405 with Allow for a known path and a wrong method) and never reaches the engine: vLLM
+also serves `/v1/chat/completions/batch`, `/v1/responses`, `/v1/messages`, `/invocations`, LoRA
+admin routes and more, none of which this service documents or bounds.
+
+Matching is on the path uvicorn already percent-decoded, compared byte for byte: no prefix
+matching, no slash folding, no dot-segment resolution, so `//v1/completions`, `/v1/completions/`
+and `/v1/%2e%2e/invocations` simply do not match. What goes upstream is the entry's own canonical
+target (plus the query string), never the client's raw path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Route:
+    label: str  # the `route` label of metrics and the access log
+    methods: frozenset[str]
+    target: bytes  # the path sent to the engine
+    generates: bool  # the body is checked for cost (request_cost.py) before admission
+    chat: bool = False  # the body carries chat messages (roles checked)
+
+    @property
+    def allow(self) -> str:
+        return ", ".join(sorted(self.methods))
+
+
+RELAYED: dict[str, Route] = {
+    "/v1/completions": Route("completions", frozenset({"POST"}), b"/v1/completions", generates=True),
+    "/v1/chat/completions": Route("chat_completions", frozenset({"POST"}), b"/v1/chat/completions",
+                                  generates=True, chat=True),
+    "/v1/models": Route("models", frozenset({"GET"}), b"/v1/models", generates=False),
+    # Not OpenAI's, but how a client learns a prompt's length in tokens, which it needs to pick a
+    # max_tokens within max-model-len (the cap request_cost.py enforces). No generation; the body
+    # is bounded like any other.
+    "/tokenize": Route("tokenize", frozenset({"POST"}), b"/tokenize", generates=False),
+    "/detokenize": Route("tokenize", frozenset({"POST"}), b"/detokenize", generates=False),
+}
+
+# Answered by the sidecar's own control app (FastAPI): health, readiness, metrics, the API document.
+# `/engine/metrics` is the engine's own metrics relayed on the sidecar's port (issue 14, item 1).
+CONTROL_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics",
+                           "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+
+GENERATION_ROUTES = frozenset(r.label for r in RELAYED.values() if r.generates)
+OTHER = "other"  # refused requests that match no route
+ROUTE_LABELS = tuple(dict.fromkeys([r.label for r in RELAYED.values()] + [OTHER]))

@@ -1,0 +1,159 @@
+"""The edge's parts in isolation: request cost coercion, routes, fail-closed keys, the memory budget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import errors, memory_budget
+from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError
+from palmyra_serve.sidecar.front_end import raw_response
+from palmyra_serve.sidecar.metrics import ROUTES
+from palmyra_serve.sidecar.request_cost import CostLimits, as_int, check
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED, ROUTE_LABELS
+
+REPO = Path(__file__).resolve().parents[2]
+LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
+
+
+def refusal(payload: dict, chat: bool = False) -> errors.ApiError | None:
+    try:
+        check(payload, LIMITS, chat)
+    except errors.ApiError as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize(("value", "read"), [(1000, 1000), ("1000", 1000), (1000.0, 1000), ("1_000", 1000),
+                                             (" 12 ", 12), (True, 1), (None, None)])
+def test_integers_are_read_the_way_pydantic_reads_them(value, read):
+    assert as_int({"max_tokens": value}, "max_tokens") == read
+
+
+@pytest.mark.parametrize("value", ["1e3", 4.5, "4.5", [1], {"a": 1}, "0x10", float("inf"), "ten"])
+def test_what_pydantic_refuses_is_a_400_here(value):
+    exc = refusal({"max_tokens": value})
+    assert exc is not None and (exc.status, exc.code, exc.param) == (400, "invalid_parameter", "max_tokens")
+
+
+def test_caps_apply_after_coercion():
+    for spelling in (513, "513", 513.0, 5.13e2):
+        exc = refusal({"max_tokens": spelling})
+        assert exc is not None and exc.code == "max_tokens_too_large"
+    assert refusal({"max_tokens": "512", "max_completion_tokens": 512.0, "min_tokens": "1"}) is None
+    assert refusal({"n": 16384}).code == "parameter_too_large"
+    assert refusal({"best_of": "9"}).param == "best_of"
+    assert refusal({"n": 0}).code == "invalid_parameter"
+    assert refusal({"n": 8, "use_beam_search": True}) is None
+    assert refusal({"logprobs": 21}).param == "logprobs"
+    assert refusal({"logprobs": -1}).code == "invalid_parameter"  # vLLM reads -1 as the whole vocabulary
+    assert refusal({"top_logprobs": 21}, chat=True).param == "top_logprobs"
+    assert refusal({"logprobs": True, "top_logprobs": 5, "messages": []}, chat=True) is None
+    assert refusal({"logprob_token_ids": list(range(21))}).param == "logprob_token_ids"
+    assert refusal({"max_tokens": 10**30}).code == "max_tokens_too_large"
+
+
+def test_a_list_of_prompts_counts_as_that_many_sequences():
+    assert refusal({"prompt": ["a"] * 8}) is None
+    assert refusal({"prompt": ["a"] * 9}).param == "prompt"
+    assert refusal({"prompt": [[1, 2]] * 4, "n": 2}) is None
+    assert refusal({"prompt": [[1, 2]] * 4, "n": 3}).param == "prompt"
+    assert refusal({"prompt": list(range(5000)), "n": 8}) is None  # one prompt of token ids
+
+
+def test_chat_roles():
+    def roles(*rs: object) -> errors.ApiError | None:
+        return refusal({"messages": [{"role": r, "content": "x"} for r in rs]}, chat=True)
+
+    assert roles("system", "developer", "user", "assistant", "tool", "function") is None
+    for bad in ("wizard", "USER", "", None, 1, ["user"], {"r": 1}):
+        exc = roles("user", bad)
+        assert exc is not None and exc.code == "invalid_role"
+    assert refusal({"messages": "hi"}, chat=True).code == "invalid_parameter"
+    assert refusal({"messages": ["hi"]}, chat=True).code == "invalid_parameter"
+
+
+def test_routes_are_one_vocabulary():
+    assert set(ROUTE_LABELS) <= set(ROUTES), "every route label has its metric series"
+    for path, route in RELAYED.items():
+        assert route.target == path.encode() and path not in CONTROL_PATHS
+        assert route.methods and all(m.isupper() for m in route.methods)
+    for path in ("/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations"):
+        assert path not in RELAYED and path not in CONTROL_PATHS
+
+
+def test_the_api_document_lists_exactly_the_relayed_routes():
+    from palmyra_serve.sidecar.openapi import PROXIED_PATHS
+
+    assert set(PROXIED_PATHS) == set(RELAYED)
+    for path, route in RELAYED.items():
+        assert {m.upper() for m in PROXIED_PATHS[path]} == set(route.methods)
+
+
+def test_front_end_codes_are_the_codes_the_constructors_use():
+    made = {errors.not_found("GET", "/x").code, errors.method_not_allowed("GET", "/x", "POST").code,
+            errors.upgrade_refused().code, errors.invalid_parameter("n", "x").code,
+            errors.parameter_too_large("n", 9, 8).code, errors.invalid_role("x", "y").code,
+            errors.bodies_over_budget(1).code, errors.header_too_large(1).code, errors.request_line_too_long(1).code,
+            errors.too_many_connections(1).code, errors.header_timeout(1).code, errors.write_timeout(1).code}
+    assert made == set(errors.FRONT_END_CODES)
+
+
+def test_keys_fail_closed(tmp_path):
+    with pytest.raises(AuthConfigError, match="PALMYRA_AUTH_DISABLED=true"):
+        ApiKeys([])
+    assert ApiKeys([], disabled=True).check(None)
+    enforced = ApiKeys(["a-real-key-123"], disabled=True)  # keys win over the switch
+    assert not enforced.check(None) and enforced.check(b"Bearer a-real-key-123")
+    for placeholder in ("changeme", "CHANGE-ME", "replace-me", "change-me-engine-key", "<your key>", "short"):
+        with pytest.raises(AuthConfigError, match="placeholder"):
+            ApiKeys([placeholder])
+    empty = tmp_path / "empty"
+    empty.write_text("# a comment\n\n")
+    with pytest.raises(AuthConfigError, match="holds no key"):
+        ApiKeys([], empty)
+    with pytest.raises(AuthConfigError, match="cannot read"):
+        ApiKeys([], tmp_path / "missing")
+
+
+def test_key_file_reloads_at_most_once_a_second(tmp_path):
+    now = [100.0]
+    path = tmp_path / "keys"
+    path.write_text("first-key-abcdef\n")
+    keys = ApiKeys(["env-key-abcdef"], path, clock=lambda: now[0])
+    assert keys.check(b"Bearer first-key-abcdef") and keys.check(b"Bearer env-key-abcdef")
+    path.write_text("second-key-abcdef\n")
+    os.utime(path, ns=(10**18, 10**18))
+    assert not keys.check(b"Bearer second-key-abcdef"), "checked again before a second passed"
+    now[0] += 1.0
+    assert keys.check(b"Bearer second-key-abcdef") and not keys.check(b"Bearer first-key-abcdef")
+    assert keys.check(b"Bearer env-key-abcdef")
+    path.write_text("# oops\n")  # unusable: the previous keys stay in force
+    os.utime(path, ns=(2 * 10**18, 2 * 10**18))
+    now[0] += 1.0
+    assert keys.check(b"Bearer second-key-abcdef")
+
+
+def test_protocol_answers_are_complete_http_responses():
+    raw = raw_response(errors.too_many_connections(1))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ")
+    assert f"content-length: {len(body)}".encode() in head and b"connection: close" in head
+    assert b"retry-after: 1" in head and b'"code":"too_many_connections"' in body
+
+
+def test_the_worst_case_memory_fits_the_sidecar_container():
+    manifest = (REPO / "k8s" / "base" / "deployment.yaml").read_text()
+    deployment = next(d for d in yaml.safe_load_all(manifest) if d and d.get("kind") == "Deployment")
+    limit = memory_budget.container_limit(deployment, "sidecar")
+    settings = Settings(_env_file=None)
+    worst = memory_budget.worst_case(settings)
+    assert worst <= limit, f"worst case {worst / 2**20:.0f} MiB > limit {limit / 2**20:.0f} MiB"
+    # The sum is of the enforced limits: raising one of them moves it.
+    bigger = Settings(_env_file=None, max_body_bytes=4 * 2**20)
+    assert memory_budget.worst_case(bigger) > limit, "the issue's 4 MiB bodies must not fit"
+    assert memory_budget.body_budget(settings) == (settings.max_in_flight + settings.max_queue) * settings.max_body_bytes
+    assert memory_budget.quantity_bytes("512Mi") == 512 * 2**20 and memory_budget.quantity_bytes("1G") == 10**9
