@@ -310,7 +310,8 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
 
 def _podman_compose_config(*files: Path) -> dict[str, Any]:
     """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
-    argv = [tool("podman-compose"), "--dry-run", "-p", "palmyra-static", "--profile", "cpu"]
+    # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
+    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", "cpu"]
     for path in files:
         argv += ["-f", str(path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
