@@ -308,10 +308,10 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         print(f"caught: {what}")
 
 
-def _podman_compose_config(*files: Path) -> dict[str, Any]:
+def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
     """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
     # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
-    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", "cpu"]
+    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
@@ -321,7 +321,9 @@ def _podman_compose_config(*files: Path) -> dict[str, Any]:
 
 
 def test_podman_compose_resolves_the_shared_namespace() -> None:
-    merged = _podman_compose_config(COMPOSE)["services"]
+    merged = {}
+    for profile in ("ascend", "cpu"):  # one engine each
+        merged.update(_podman_compose_config(COMPOSE, profile=profile)["services"])
     assert_engine_reachable_only_by_its_sidecar(merged)
     assert merged[HOLDER]["ports"] == ["127.0.0.1:8080:8080"]
 
