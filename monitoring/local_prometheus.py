@@ -4,12 +4,15 @@
 For a local `palmyra-serve up` (no Compose, no Grafana) and for the tests that check the
 dashboards' queries and the alert rules against a real Prometheus:
 
-    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080 --engine 127.0.0.1:8000
+    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080
     # prints the URL it listens on (a free loopback port); Ctrl-C stops it and deletes its storage
 
 The config is monitoring/prometheus/prometheus.yml with only the targets swapped (jobs without
-a target are dropped) and the rule files made absolute, so the jobs, external labels and rules
-exercised are the ones deployed. Standard library only; needs a `prometheus` binary on PATH.
+a target are dropped) and the rule files made absolute, so the jobs, metric paths, external
+labels and rules exercised are the ones deployed. Each sidecar is the target of two jobs, as in
+Compose and Kubernetes: `palmyra-sidecar` (its /metrics) and `palmyra-engine` (the engine's own
+page, relayed unchanged at /engine/metrics; the engine itself listens on loopback and is never
+scraped directly). Standard library only; needs a `prometheus` binary on PATH.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def scrape_targets(sidecars: list[str], npu_exporters: list[str] | None = None) -> dict[str, list[str]]:
+    """Job name -> targets for sidecars at host:port: each serves its own page and its engine's."""
+    targets = {"palmyra-sidecar": list(sidecars), "palmyra-engine": list(sidecars),
+               "npu-exporter": list(npu_exporters or [])}
+    return {job: t for job, t in targets.items() if t}
 
 
 def render_config(base: dict, targets: dict[str, list[str]], *, scrape_interval: str = "1s",
@@ -141,16 +151,15 @@ class LocalPrometheus:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sidecar", action="append", default=[], help="host:port of a sidecar (repeatable)")
-    ap.add_argument("--engine", action="append", default=[], help="host:port of an engine (repeatable)")
+    ap.add_argument("--sidecar", action="append", default=[],
+                    help="host:port of a sidecar (repeatable); its engine is scraped through it")
     ap.add_argument("--npu-exporter", action="append", default=[], help="host:port of an npu-exporter")
     ap.add_argument("--scrape-interval", default="5s")
     args = ap.parse_args()
     import yaml  # only the CLI needs it (PyYAML, in the test extras); the tests pass a parsed dict
 
     base = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    targets = {"palmyra-sidecar": args.sidecar, "palmyra-engine": args.engine, "npu-exporter": args.npu_exporter}
-    prom = LocalPrometheus(render_config(base, {k: v for k, v in targets.items() if v},
+    prom = LocalPrometheus(render_config(base, scrape_targets(args.sidecar, args.npu_exporter),
                                          scrape_interval=args.scrape_interval))
     with prom:
         print(f"prometheus on {prom.url} (Ctrl-C stops it)", flush=True)

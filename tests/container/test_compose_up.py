@@ -1,13 +1,18 @@
 """docker-compose.yml brought up for real with podman-compose: the CPU switch (`--profile cpu`)
-plus the test-only override (host networking, local images, loopback ports). model-init-cpu
-fills the project's `models` volume (the tiny stand-in, built inside the container), the CPU
-engine serves it, the sidecar in front reaches /ready and returns real tokens; then `down -v`
-leaves nothing behind. podman-compose's `service_healthy` waits can hang, so the test waits on the
-sidecar's /ready itself.
+plus the test-only override (host networking for the namespace holder, local images, loopback
+ports). model-init-cpu fills the project's `models` volume (the tiny stand-in, built inside the
+container), the CPU engine serves it, the sidecar in front reaches /ready and returns real tokens;
+the engine and the sidecar really share the holder's network namespace, the engine listens on its
+loopback only, and a restarted sidecar finds the engine again; then `down -v` leaves nothing
+behind. podman-compose's `service_healthy` waits can hang, so the test waits on the sidecar's
+/ready itself.
+
+Needs the sidecar's /engine/metrics relay (issue 14) for the metrics check.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +24,8 @@ from podman_helpers import REPO, BuiltImages, completion, env_with, http, podman
 
 PROJECT = "palmyra-ct"
 ENGINE_PORT, SIDECAR_PORT = 18000, 18080
-SERVICES = ["model-init-cpu", "engine-cpu", "sidecar"]
+HOLDER = "pod"  # holds the network namespace the engine and the sidecar join
+SERVICES = [HOLDER, "model-init-cpu", "engine-cpu", "sidecar"]
 READY_TIMEOUT_S = 900
 
 
@@ -91,6 +97,56 @@ def test_stack_reaches_ready_and_serves_tokens(stack: dict[str, str]) -> None:
     engine = f"http://127.0.0.1:{ENGINE_PORT}"
     assert http("GET", f"{engine}/v1/models")[0] == 401
     assert http("GET", f"{engine}/health")[0] == 200
+
+
+def _proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as /proc/net/tcp{,6} prints it: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def listening_addresses(container: str, port: int) -> set[str]:
+    """Addresses with a TCP listener on `port` in the container's network namespace."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        out = podman("exec", container, "cat", table, check=False).stdout
+        for line in out.splitlines()[1:]:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            addr, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(str(_proc_net_address(addr)))
+    return found
+
+
+def test_engine_and_sidecar_share_the_holders_namespace(stack: dict[str, str]) -> None:
+    containers = names(stack)
+    holder_id = podman("inspect", containers[HOLDER], "--format", "{{.Id}}").stdout.strip()
+    for service in ("engine-cpu", "sidecar"):
+        mode = podman("inspect", containers[service], "--format", "{{.HostConfig.NetworkMode}}").stdout.strip()
+        assert mode == f"container:{holder_id}", f"{service}: network mode {mode}"
+    # One namespace: the same network namespace inode in all three.
+    inodes = {podman("exec", containers[s], "readlink", "/proc/self/ns/net").stdout.strip()
+              for s in (HOLDER, "engine-cpu", "sidecar")}
+    assert len(inodes) == 1, inodes
+    # The engine listens on the namespace's loopback only.
+    addresses = listening_addresses(containers["engine-cpu"], ENGINE_PORT)
+    assert addresses and all(ipaddress.ip_address(a).is_loopback for a in addresses), addresses
+    # Its metrics reach Prometheus through the sidecar, unchanged.
+    status, _ = http("GET", f"http://127.0.0.1:{SIDECAR_PORT}/engine/metrics")
+    assert status == 200
+
+
+def test_a_restarted_sidecar_finds_the_engine_again(stack: dict[str, str]) -> None:
+    containers = names(stack)
+    engine_pid = podman("inspect", containers["engine-cpu"], "--format", "{{.State.Pid}}").stdout.strip()
+    podman("restart", "-t", "10", containers["sidecar"], timeout=120)
+    ready = wait_ready(f"http://127.0.0.1:{SIDECAR_PORT}", [containers["engine-cpu"], containers["sidecar"]],
+                       READY_TIMEOUT_S)
+    assert ready["ready"] is True
+    # The engine was not restarted along with it.
+    assert podman("inspect", containers["engine-cpu"], "--format", "{{.State.Pid}}").stdout.strip() == engine_pid
 
 
 def test_compose_healthchecks_pass(stack: dict[str, str]) -> None:

@@ -9,7 +9,10 @@ with only these changes for this machine, each printed by the test:
   create is created with `podman secret create` instead of played: podman 4.3 stores a played Secret
   as YAML but reads secretKeyRef values back as a JSON map ("secret ... is not valid JSON").
 - hostNetwork: true (no bridge networks on these machines; everything stays on 127.0.0.1, so the
-  fixed ports 8000 and 8080 must be free).
+  fixed ports 8000 and 8080 must be free). The pod's loopback is then the machine's, so "outside
+  the pod" is this machine's non-loopback address: there the engine's port must be closed while
+  the sidecar's answers (and /invocations, off the sidecar's allow-list, is a 404 that never
+  reaches the engine).
 - The `model` volume becomes a hostPath holding a copy of the tiny stand-in at
   <dir>/palmyra-mini, so `fetch-model` finds the weights and exits 0 (its skip path); the
   ConfigMap gains HF_ENDPOINT=http://127.0.0.1:9 and HF_HUB_OFFLINE=1 so nothing could leave the
@@ -18,9 +21,9 @@ with only these changes for this machine, each printed by the test:
   http://127.0.0.1:<port><path> --timeout <timeoutSeconds>` (same port, path and timeout): podman
   turns an httpGet probe into a `curl` run inside the container and our images ship no curl, so
   every httpGet probe would report unhealthy.
-- The containers' `ports` lists go: under hostNetwork podman 4.3 turns them into port mappings and
-  refuses them ("PortMappings can only be used with Bridge or slirp4netns networking"); the
-  processes listen on 8000/8080 of the host anyway.
+- The containers' `ports` lists go (only the sidecar has one; the engine declares none): under
+  hostNetwork podman 4.3 turns them into port mappings and refuses them ("PortMappings can only be
+  used with Bridge or slirp4netns networking"); the processes listen on the host anyway.
 - imagePullPolicy: Never, so podman uses the locally built images and never asks a registry.
 - Volumes get a `palmyra-kp-` prefix: podman 4.3 makes each emptyDir a *named* volume called after
   the pod's volume name ("cache", "shm", ...), which could collide with unrelated volumes. The
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import ipaddress
 import json
 import os
 import shutil
@@ -58,8 +62,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
+from test_compose_up import listening_addresses
 
 from podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
 
@@ -69,6 +75,7 @@ SECRET = "palmyra-serve-secrets"
 ENGINE_KEY = "kube-play-test-engine-key"
 VOLUME_PREFIX = "palmyra-kp-"
 PORTS = (8000, 8080)  # fixed by the manifest; host networking puts them on this machine
+ENGINE_PORT, SIDECAR_PORT = PORTS
 PLAYABLE = {"Deployment", "ConfigMap"}
 # What podman cannot play (or this run must not): anything new in the overlay fails the test until
 # someone decides whether podman can run it.
@@ -365,8 +372,47 @@ def test_ready_and_completion_through_the_pod(kube_pod: KubePod) -> None:
     status, body = completion(kube_pod.url, max_tokens=8)
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 8 and body["choices"][0]["text"]
-    # The Secret reached the engine: its /v1 wants the key the sidecar holds.
-    assert http("GET", "http://127.0.0.1:8000/v1/models")[0] == 401
+    # The Secret reached the engine (as VLLM_API_KEY): its /v1 wants the key the sidecar holds.
+    assert http("GET", f"http://127.0.0.1:{ENGINE_PORT}/v1/models")[0] == 401
+
+
+def _outside_address() -> str | None:
+    """An IPv4 address of this machine other than loopback: "outside the pod" under hostNetwork."""
+    for addresses in psutil.net_if_addrs().values():
+        for addr in addresses:
+            if addr.family == socket.AF_INET and not ipaddress.ip_address(addr.address).is_loopback:
+                return addr.address
+    return None
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def test_engine_is_reachable_only_inside_the_pod(kube_pod: KubePod) -> None:
+    kp = kube_pod
+    # The engine's listener is on the loopback only; the sidecar's on every address.
+    engine = listening_addresses(kp.engine, ENGINE_PORT)
+    assert engine and all(ipaddress.ip_address(a).is_loopback for a in engine), engine
+    assert listening_addresses(kp.sidecar, SIDECAR_PORT) & {"0.0.0.0", "::"}
+    # The engine key is not on any command line in the pod (vLLM reads VLLM_API_KEY).
+    ps = podman("exec", kp.engine, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+    assert ENGINE_KEY not in ps and "--api-key" not in ps
+    # The engine's metrics are served by the sidecar's port, unchanged.
+    status, _ = http("GET", f"{kp.url}/engine/metrics")
+    assert status == 200
+    outside = _outside_address()
+    print(f"\nengine listens on {sorted(engine)}; outside address: {outside}")
+    if outside is None:
+        return  # no second address on this machine: the listener check above is the proof
+    assert not _connects(outside, ENGINE_PORT), f"{outside}:{ENGINE_PORT} answers: the engine is reachable"
+    assert http("GET", f"http://{outside}:{SIDECAR_PORT}/health/sidecar")[0] == 200
+    # /invocations generates text on vLLM without a key; through the sidecar it is a 404.
+    assert http("POST", f"http://{outside}:{SIDECAR_PORT}/invocations", {"prompt": "hi"})[0] == 404
 
 
 def test_probes_by_hand_report_healthy(kube_pod: KubePod) -> None:

@@ -1,16 +1,22 @@
 """docker-compose.yml and compose/*: the real linters, the Compose spec schema, then the file
 parsed with PyYAML and held against DESIGN.md's Ascend facts, the sidecar's HTTP surface, the
-Dockerfile (same command, paths and env names) and the Prometheus scrape targets.
+Dockerfile (same command, paths and env names) and the Prometheus scrape targets; the network
+layout (engine on the loopback of a namespace only the sidecar shares) also as podman-compose
+itself merges and resolves it.
 """
 
 from __future__ import annotations
 
+import copy
+import ipaddress
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -32,6 +38,11 @@ ASCEND_DRIVER = [
     "/etc/ascend_install.info",
 ]
 PROBE = "/opt/palmyra/healthchecks/http_probe.py"
+HOLDER = "pod"  # the service that only holds the replica's network namespace
+IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
+ENGINE_PORT, SIDECAR_PORT = 8000, 8080
+# The engine's launcher command as the image runs it, bound to the namespace's loopback.
+LOOPBACK_ENGINE_CMD = [*ENGINE_CMD[: ENGINE_CMD.index("--host") + 1], "127.0.0.1", *ENGINE_CMD[ENGINE_CMD.index("--host") + 2:]]
 
 
 class _ComposeLoader(yaml.SafeLoader):
@@ -155,8 +166,6 @@ def test_schema_check_can_fail(tmp_path: Path) -> None:
 def test_profiles_pick_exactly_one_engine(services: dict[str, Any]) -> None:
     assert services["engine"]["profiles"] == ["ascend"]
     assert services["engine-cpu"]["profiles"] == ["cpu"]
-    for name in ("engine", "engine-cpu"):
-        assert services[name]["networks"]["default"]["aliases"] == ["engine"]
     # Services without a profile run in both setups and must not need a profile-bound one.
     for name, service in services.items():
         if not service.get("profiles"):
@@ -175,7 +184,7 @@ def test_env_examples_set_the_switch(env_file: str, profile: str) -> None:
 
 @pytest.mark.parametrize(("engine", "init"), [("engine", "model-init"), ("engine-cpu", "model-init-cpu")])
 def test_model_init_fills_the_volume_first(services: dict[str, Any], engine: str, init: str) -> None:
-    assert services[engine]["depends_on"] == {init: {"condition": "service_completed_successfully"}}
+    assert services[engine]["depends_on"][init] == {"condition": "service_completed_successfully"}
     init_service = services[init]
     assert init_service["image"] == services[engine]["image"]
     assert init_service["profiles"] == services[engine]["profiles"]
@@ -223,18 +232,108 @@ def test_cpu_engine(services: dict[str, Any]) -> None:
 # --- what the sidecar serves, what the images run -------------------------------------------------------
 
 
-def test_only_the_sidecar_publishes_a_port(services: dict[str, Any]) -> None:
-    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
-    assert list(published) == ["sidecar"]
-    (port,) = published["sidecar"]
+def _loopback(host: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a service name: another namespace
+        return False
+
+
+def _flag(command: list[str], flag: str) -> str:
+    assert command.count(flag) == 1, f"{flag} in {command}"
+    return command[command.index(flag) + 1]
+
+
+def _published_container_ports(service: dict[str, Any]) -> list[int]:
+    out = []
+    for spec in service.get("ports", []):
+        if isinstance(spec, dict):
+            out.append(int(spec["target"]))
+        else:
+            out.append(int(str(spec).rsplit(":", 1)[-1].split("/")[0]))
+    return out
+
+
+def assert_engine_reachable_only_by_its_sidecar(services: dict[str, Any]) -> None:
+    """The engine listens on the loopback of the holder's namespace, which only the sidecar
+    shares; the holder publishes the sidecar's port and nothing else; nobody publishes the engine's."""
+    holder = services[HOLDER]
+    assert "network_mode" not in holder, "the holder owns a namespace of its own"
+    assert not holder.get("profiles"), "the holder runs with every engine"
+    assert holder["restart"] == "always"  # never gone from under the engine and the sidecar
+    assert set(_published_container_ports(holder)) == {SIDECAR_PORT}
+    joined = sorted(name for name, s in services.items() if s.get("network_mode") == f"service:{HOLDER}")
+    assert joined == sorted(IN_POD), f"the holder's namespace is shared by {joined}"
+    for name in IN_POD:
+        service = services[name]
+        assert "networks" not in service and not service.get("ports"), name
+        # podman-compose starts the holder only through this dependency.
+        assert HOLDER in service.get("depends_on", {}), f"{name} does not wait for {HOLDER}"
+    for name in ("engine", "engine-cpu"):
+        command = services[name]["command"]
+        assert _loopback(_flag(command, "--host")), f"{name} listens beyond the loopback: {command}"
+        assert int(_flag(command, "--port")) == ENGINE_PORT
+    url = urlparse(env_of(services["sidecar"])["PALMYRA_ENGINE_URL"])
+    assert _loopback(url.hostname) and url.port == ENGINE_PORT, url.geturl()
+    for name, service in services.items():
+        ports = _published_container_ports(service) + [int(p) for p in service.get("expose", [])]
+        assert ENGINE_PORT not in ports, f"{name} publishes the engine's port"
+
+
+def test_engine_reachable_only_by_its_sidecar(services: dict[str, Any]) -> None:
+    assert_engine_reachable_only_by_its_sidecar(services)
+    (port,) = services[HOLDER]["ports"]
     assert port == "${PALMYRA_BIND:-127.0.0.1}:${PALMYRA_PORT:-8080}:8080"
+
+
+def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
+    def engine_host(s: dict[str, Any], host: str) -> None:
+        s["engine-cpu"]["command"][s["engine-cpu"]["command"].index("--host") + 1] = host
+
+    faults = {
+        "engine on every address": lambda s: engine_host(s, "0.0.0.0"),
+        "engine port published": lambda s: s[HOLDER]["ports"].append("127.0.0.1:8000:8000"),
+        "engine port published by itself": lambda s: s["engine-cpu"].__setitem__("ports", ["8000:8000"]),
+        "engine on the project network": lambda s: (s["engine"].pop("network_mode"),
+                                                    s["engine"].__setitem__("networks", {"default": None})),
+        "another service joins the namespace": lambda s: s["prometheus"].__setitem__("network_mode", f"service:{HOLDER}"),
+        "sidecar aims at a name": lambda s: s["sidecar"]["environment"].__setitem__("PALMYRA_ENGINE_URL", "http://engine:8000"),
+        "holder restarts on its own terms": lambda s: s[HOLDER].__setitem__("restart", "unless-stopped"),
+    }
+    for what, fault in faults.items():
+        broken = copy.deepcopy(services)
+        fault(broken)
+        with pytest.raises(AssertionError):
+            assert_engine_reachable_only_by_its_sidecar(broken)
+        print(f"caught: {what}")
+
+
+def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
+    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+    # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
+    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", profile]
+    for path in files:
+        argv += ["-f", str(path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
+    result = subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return yaml.safe_load(result.stdout)
+
+
+def test_podman_compose_resolves_the_shared_namespace() -> None:
+    merged = {}
+    for profile in ("ascend", "cpu"):  # one engine each
+        merged.update(_podman_compose_config(COMPOSE, profile=profile)["services"])
+    assert_engine_reachable_only_by_its_sidecar(merged)
+    assert merged[HOLDER]["ports"] == ["127.0.0.1:8080:8080"]
 
 
 def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -> None:
     urls = {name: probe_url(s) for name, s in services.items() if probe_url(s)}
     assert set(urls) == {"engine", "engine-cpu", "sidecar"}
     for name, url in urls.items():
-        assert re.match(r"http://(sidecar|127\.0\.0\.1):8080/", url), f"{name} probes {url}"
+        # Engine and sidecar share the holder's namespace: the sidecar answers on 127.0.0.1.
+        assert re.match(r"http://127\.0\.0\.1:8080/", url), f"{name} probes {url}"
         assert url_path(url) in SIDECAR_PATHS
     # Engine liveness = the sidecar's judgement of the engine; sidecar liveness = itself only.
     assert url_path(urls["engine"]) == url_path(urls["engine-cpu"]) == "/health"
@@ -254,6 +353,9 @@ def test_engine_probe_outlasts_a_sidecar_restart(services: dict[str, Any]) -> No
 def test_restart_policies_and_drain_order(services: dict[str, Any]) -> None:
     for name in ("engine", "engine-cpu", "sidecar", "prometheus", "grafana"):
         assert services[name]["restart"] == "unless-stopped", name
+    # The namespace holder waits for a signal and nothing else; `always` brings it back even
+    # after a daemon restart, before the containers that join it.
+    assert services[HOLDER]["restart"] == "always"
     env = env_of(services["sidecar"])
     drain = float(env["PALMYRA_DRAIN_TIMEOUT_S"].split(":-")[-1].rstrip("}"))
     # Compose stops the engine together with the sidecar (no preStop to hold it back) and nothing
@@ -267,9 +369,12 @@ def test_restart_policies_and_drain_order(services: dict[str, Any]) -> None:
 
 def test_engine_commands_match_the_image(services: dict[str, Any]) -> None:
     df = parse_dockerfile((REPO / "Dockerfile").read_text())
-    assert df.stages["engine-cpu"].last("CMD").exec_form() == ENGINE_CMD
+    # The image's own command up to the listen address: Compose binds it to the shared loopback.
+    image_cmd = df.stages["engine-cpu"].last("CMD").exec_form()
+    host = image_cmd.index("--host") + 1
+    assert image_cmd[:host] + image_cmd[host + 1:] == LOOPBACK_ENGINE_CMD[:host] + LOOPBACK_ENGINE_CMD[host + 1:]
     for name in ("engine", "engine-cpu"):
-        assert services[name]["command"] == ENGINE_CMD
+        assert services[name]["command"] == LOOPBACK_ENGINE_CMD
 
 
 def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], services: dict[str, Any]) -> None:
@@ -289,9 +394,11 @@ def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], servic
 
 
 def test_engine_api_key_is_shared(services: dict[str, Any]) -> None:
-    for name in ("engine", "engine-cpu", "sidecar"):
-        assert env_of(services[name])["PALMYRA_ENGINE_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}", name
-    assert env_of(services["sidecar"])["PALMYRA_ENGINE_URL"] == "http://engine:8000"
+    # The engine gets it as vLLM's own variable (never on argv); the sidecar sends the same value.
+    for name in ("engine", "engine-cpu"):
+        assert env_of(services[name])["VLLM_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}", name
+        assert not any("api-key" in str(word) for word in services[name]["command"]), name
+    assert env_of(services["sidecar"])["PALMYRA_ENGINE_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}"
 
 
 def test_palmyra_env_names_are_settings() -> None:
@@ -331,20 +438,42 @@ def test_monitoring_mounts_exist_and_are_read_only(services: dict[str, Any]) -> 
                 assert (REPO / spec.split(":")[0]).is_dir(), spec
 
 
-def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> None:
-    config = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text())
+def assert_prometheus_scrapes_through_the_sidecar(services: dict[str, Any], config: dict[str, Any]) -> None:
     names: dict[str, set[str]] = {}
     for name, service in services.items():
-        aliases = (service.get("networks") or {}).get("default", {}).get("aliases", [])
+        if "network_mode" in service:  # in another's namespace: no name of its own on the network
+            continue
+        aliases = ((service.get("networks") or {}).get("default") or {}).get("aliases", [])
         for host in (name, *aliases):
             names.setdefault(host, set()).add(name)
-    ports = {"sidecar": 8080, "engine": 8000, "engine-cpu": 8000, "npu-exporter": 8082}
-    targets = [t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
+    # Who listens where: the sidecar's port is in the holder's namespace; the engine has no address.
+    ports = {HOLDER: SIDECAR_PORT, "npu-exporter": 8082}
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    targets = [(name, t) for name, job in jobs.items() for sc in job.get("static_configs", []) for t in sc["targets"]]
     assert targets
-    for target in targets:
+    for job, target in targets:
         host, port = target.rsplit(":", 1)
         assert host in names, f"{target}: no service or alias {host}"
-        assert all(ports[s] == int(port) for s in names[host]), target
+        assert all(ports.get(s) == int(port) for s in names[host]), f"{job}: nothing listens on {target}"
+    # The engine's page comes from the sidecar, relayed unchanged at /engine/metrics.
+    assert jobs["palmyra-engine"]["metrics_path"] == "/engine/metrics"
+    assert jobs["palmyra-sidecar"].get("metrics_path", "/metrics") == "/metrics"
+    for job in ("palmyra-engine", "palmyra-sidecar"):
+        for sc in jobs[job]["static_configs"]:
+            assert all(names[t.rsplit(":", 1)[0]] == {HOLDER} for t in sc["targets"]), job
+
+
+def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> None:
+    config = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text())
+    assert_prometheus_scrapes_through_the_sidecar(services, config)
+    broken = copy.deepcopy(config)
+    engine_job = next(j for j in broken["scrape_configs"] if j["job_name"] == "palmyra-engine")
+    engine_job["metrics_path"] = "/metrics"
+    with pytest.raises(AssertionError):  # the engine job must read the relayed page
+        assert_prometheus_scrapes_through_the_sidecar(services, broken)
+    engine_job["metrics_path"], engine_job["static_configs"] = "/engine/metrics", [{"targets": ["engine:8000"]}]
+    with pytest.raises(AssertionError):  # no service answers there any more
+        assert_prometheus_scrapes_through_the_sidecar(services, broken)
     # Grafana's datasource reaches the prometheus service.
     datasource = yaml.safe_load((REPO / "monitoring/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
@@ -355,12 +484,20 @@ def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> No
 
 def test_podman_override_is_host_network_local_images_loopback_only() -> None:
     override = load(COMPOSE_DIR / "podman-test.override.yml")["services"]
-    assert set(override) == {"model-init-cpu", "engine-cpu", "sidecar"}
+    assert set(override) == {HOLDER, "model-init-cpu", "engine-cpu", "sidecar"}
     for name, service in override.items():
-        assert service["network_mode"] == "host", name
         assert service["image"].startswith("localhost/palmyra-serve-"), name
         assert "networks" not in service, name
         assert not service.get("ports"), name
+    # Only the namespace holder (and model-init, alone) move to the host: engine and sidecar keep
+    # joining the holder, so the test stack runs the shared-namespace layout on the host's loopback.
+    assert override[HOLDER]["network_mode"] == override["model-init-cpu"]["network_mode"] == "host"
+    assert "network_mode" not in override["engine-cpu"] and "network_mode" not in override["sidecar"]
+    merged = _podman_compose_config(COMPOSE, COMPOSE_DIR / "podman-test.override.yml")["services"]
+    assert merged[HOLDER]["network_mode"] == "host" and not merged[HOLDER].get("ports")
+    for name in ("engine-cpu", "sidecar"):
+        assert merged[name]["network_mode"] == f"service:{HOLDER}" and "networks" not in merged[name], name
+    assert not any(s.get("ports") for s in merged.values() if s.get("network_mode") == "host")
     engine_cmd = override["engine-cpu"]["command"]
     assert engine_cmd[engine_cmd.index("--host") + 1] == "127.0.0.1"
     sidecar_cmd = override["sidecar"]["command"]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import ipaddress
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import jsonschema
 import kubernetes_validate
@@ -60,7 +62,8 @@ ASCEND_HOST_PATHS = {
 }
 RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must survive
 SECRET_ENV = {  # container -> env name -> (secret key, optional)
-    "engine": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False)},
+    # vLLM reads VLLM_API_KEY itself: the key never appears on the engine's command line.
+    "engine": {"VLLM_API_KEY": ("engine-api-key", False)},
     "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", False)},
     "fetch-model": {"HF_TOKEN": ("hf-token", True)},
 }
@@ -128,6 +131,7 @@ def config_data(objects: list[dict]) -> dict:
 TARGETS = [(name, ()) for name in OVERLAYS] + [
     ("cpu", ("components/shared-model-volume",)),
     ("cpu", ("components/autoscaling-keda",)),
+    ("cpu", ("components/shared-model-volume", "components/no-download-egress")),
     ("cpu", ("monitoring",)),
 ]
 TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps in TARGETS]
@@ -259,11 +263,10 @@ def test_two_regular_containers_and_the_launcher_commands(overlay):
     engine, sidecar, fetch = (container(spec, n) for n in ("engine", "sidecar", "fetch-model"))
     # Engine and fetch-model keep the image's ENTRYPOINT (CANN env): the launcher goes in args.
     assert "command" not in engine and "command" not in fetch
-    assert engine["args"] == ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+    assert engine["args"] == ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
     assert fetch["args"][:2] == ["palmyra-serve", "fetch-model"]
     assert fetch["args"][fetch["args"].index("--dest") + 1] == config_data(render(overlay))["PALMYRA_MODEL_DIR"]
     assert sidecar["command"] == ["palmyra-serve", "sidecar", "--host", "0.0.0.0", "--port", str(SIDECAR_PORT)]
-    assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {"engine-metrics": 8000}
     assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": SIDECAR_PORT}
     assert fetch["image"] == engine["image"]
     assert engine["image"].rsplit(":", 1)[1] == ENGINE_TAG[overlay]
@@ -437,19 +440,139 @@ def test_spread_and_disruption_budget(overlay):
     assert "replicas" not in one(objects, "Deployment")["spec"]  # the autoscaler owns it
 
 
+# --- the engine is reachable only by its own sidecar (DESIGN.md "Health semantics") ---------
+
+# What the pod may reach: name resolution, and HTTPS for fetch-model's download.
+DNS_EGRESS = {(53, "UDP"), (53, "TCP")}
+DOWNLOAD_EGRESS = {(443, "TCP")}
+
+
+def _flag(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} in {args}"
+    return args[args.index(flag) + 1]
+
+
+def engine_listener(spec: dict) -> tuple[str, int]:
+    """(host, port) the engine's vLLM listens on, from its launcher args."""
+    args = container(spec, "engine")["args"]
+    return _flag(args, "--host"), int(_flag(args, "--port"))
+
+
+def sidecar_ports(spec: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container(spec, "sidecar")["ports"]}
+
+
+def _probe_ports(c: dict) -> list[object]:
+    return [probe[kind]["port"] for probe in (c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe"))
+            if probe for kind in ("httpGet", "tcpSocket", "grpc") if kind in probe]
+
+
+def _loopback(host: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a name: resolved outside the pod
+        return False
+
+
+def assert_engine_only_inside_the_pod(spec: dict) -> None:
+    host, port = engine_listener(spec)
+    assert _loopback(host), f"the engine listens on {host}, not on the pod's loopback"
+    engine = container(spec, "engine")
+    # A containerPort would advertise a port nothing outside the pod can (or may) connect to.
+    assert not engine.get("ports"), f"engine declares ports {engine['ports']}"
+    assert not spec.get("hostNetwork", False)  # loopback would be the node's
+    for c in spec["containers"] + spec.get("initContainers", []):
+        declared = {p["containerPort"] for p in c.get("ports", [])} | {p.get("hostPort") for p in c.get("ports", [])}
+        assert port not in declared, f"{c['name']} exposes the engine's port {port}"
+        assert not any(p.get("hostPort") for p in c.get("ports", [])), f"{c['name']} has a hostPort"
+        # The kubelet probes the pod IP: a probe on the engine's port would never pass.
+        named = sidecar_ports(spec)
+        for probe_port in _probe_ports(c):
+            assert named.get(probe_port, probe_port) != port, f"{c['name']} probes the engine's port directly"
+        # The engine key travels by environment only (argv is readable in /proc by everyone).
+        assert not any("api-key" in str(a) for a in c.get("args", []) + c.get("command", [])), c["name"]
+    # The sidecar reaches the engine over the shared loopback, on the port the engine listens on.
+    url = urlparse(_env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"])
+    assert _loopback(url.hostname) and url.port == port, url.geturl()
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_service_exposes_only_the_sidecar_and_network_policy(overlay):
-    objects = render(overlay)
+def test_engine_listens_on_the_pod_loopback_and_declares_no_port(overlay):
+    assert_engine_only_inside_the_pod(pod_spec(render(overlay)))
+
+
+def test_engine_isolation_check_can_fail():
+    """Each way the engine could leak out of the pod fails the check above."""
+    good = pod_spec(render("cpu"))
+    assert_engine_only_inside_the_pod(good)
+    faults = {
+        "listens on every address": lambda s: container(s, "engine")["args"].__setitem__(3, "0.0.0.0"),
+        "declares its port": lambda s: container(s, "engine").__setitem__(
+            "ports", [{"name": "engine-metrics", "containerPort": 8000}]),
+        "probed on its port": lambda s: container(s, "engine")["livenessProbe"]["httpGet"].__setitem__("port", 8000),
+        "key on argv": lambda s: container(s, "engine")["args"].extend(["--api-key", "k"]),
+        "sidecar aims elsewhere": lambda s: _env(container(s, "sidecar"))["PALMYRA_ENGINE_URL"].__setitem__(
+            "value", "http://engine:8000"),
+        "host network": lambda s: s.__setitem__("hostNetwork", True),
+    }
+    for what, fault in faults.items():
+        spec = copy.deepcopy(good)
+        fault(spec)
+        with pytest.raises(AssertionError):
+            assert_engine_only_inside_the_pod(spec)
+        print(f"caught: {what}")
+
+
+def _rule_ports(rule: dict) -> set[tuple[int | str, str]]:
+    # A rule without `ports` admits every port: never allowed here.
+    assert rule.get("ports"), f"a rule without ports opens every port: {rule}"
+    return {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
+
+
+def assert_policy_admits_only_the_sidecar(objects: list[dict], egress_allowed: set[tuple[int, str]]) -> None:
+    spec = pod_spec(objects)
     labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    sidecar = sidecar_ports(spec)
     service = one(objects, "Service", "palmyra-serve")["spec"]
     assert service["selector"].items() <= labels.items()
-    assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [("http", 8080, "http")]
+    # The Service forwards to the sidecar's ports only (by name or number).
+    assert {sidecar.get(p["targetPort"], p["targetPort"]) for p in service["ports"]} == {8080}
+    assert set(sidecar.values()) == {8080}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
-    assert policy["policyTypes"] == ["Ingress"]
-    rules = [(r.get("from"), sorted(p["port"] for p in r["ports"])) for r in policy["ingress"]]
-    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    assert sorted(rules, key=str) == sorted([(None, [8080]), (monitoring, [8000, 8080])], key=str)
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    ingress = set().union(*(_rule_ports(r) for r in policy["ingress"]))
+    assert ingress == {(8080, "TCP")}, f"ingress admits {ingress}"
+    egress = set().union(*(_rule_ports(r) for r in policy.get("egress", [])))
+    assert egress == egress_allowed, f"egress admits {egress}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_and_network_policy_admit_only_the_sidecar(overlay):
+    assert_policy_admits_only_the_sidecar(render(overlay), DNS_EGRESS | DOWNLOAD_EGRESS)
+
+
+def test_no_download_egress_component_leaves_dns_only():
+    objects = render("cpu", ("components/shared-model-volume", "components/no-download-egress"))
+    assert_policy_admits_only_the_sidecar(objects, DNS_EGRESS)
+
+
+def test_network_policy_check_can_fail():
+    good = render("cpu")
+    assert_policy_admits_only_the_sidecar(good, DNS_EGRESS | DOWNLOAD_EGRESS)
+    faults = {
+        "engine port from monitoring": lambda p: p["ingress"].append(
+            {"from": [{"namespaceSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]}),
+        "a rule for every port": lambda p: p["ingress"].append({"from": [{"podSelector": {}}]}),
+        "egress not restricted": lambda p: p.__setitem__("policyTypes", ["Ingress"]),
+        "egress to any port": lambda p: p["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}),
+    }
+    for what, fault in faults.items():
+        objects = copy.deepcopy(good)
+        fault(one(objects, "NetworkPolicy")["spec"])
+        with pytest.raises(AssertionError):
+            assert_policy_admits_only_the_sidecar(objects, DNS_EGRESS | DOWNLOAD_EGRESS)
+        print(f"caught: {what}")
 
 
 def test_shared_model_volume_component_swaps_in_a_multi_node_claim():

@@ -1,10 +1,12 @@
 """Monitoring and autoscaling objects of k8s/: the PrometheusRule is the Compose rules file,
 dashboards are the Compose dashboard files (the generator writes both copies; the k8s one lives
 inside the component's root so plain kustomize loads it), monitors scrape the ports and jobs the
-rules expect, and exactly one autoscaler scales, on the sidecars' demand."""
+rules expect (both through the sidecar's port: the engine's metrics at /engine/metrics), and exactly
+one autoscaler scales, on the sidecars' demand."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import re
@@ -18,6 +20,7 @@ DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
 K8S_DASHBOARDS = K8S / "monitoring" / "dashboards"
 MONITORED = [name for name in OVERLAYS if name != "cpu"]  # overlays that ship the monitoring component
 JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
+LABEL_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 
 def _load(name: str, path):
@@ -121,33 +124,120 @@ def test_dashboard_configmaps_carry_the_compose_json(overlay):
 
 # --- scraping ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overlay", MONITORED)
-def test_monitors_scrape_the_named_ports_under_the_jobs_the_rules_expect(overlay):
-    objects = render(overlay)
-    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    service = one(objects, "Service", "palmyra-serve")
+ENGINE_METRICS_PATH = "/engine/metrics"  # where the sidecar relays the engine's page, unchanged
+NAMESPACE = "some-namespace"
+
+
+def _relabel(labels: dict[str, str], relabelings: list[dict]) -> dict[str, str]:
+    """The operator's `replace` relabelings (the only action used here), applied as Prometheus does."""
+    labels = dict(labels)
+    for r in relabelings:
+        assert r.get("action", "replace") == "replace", f"this test models replace only: {r}"
+        value = r.get("separator", ";").join(labels.get(name, "") for name in r.get("sourceLabels", []))
+        match = re.fullmatch(r.get("regex", "(.*)"), value)
+        if match:
+            labels[r["targetLabel"]] = match.expand(r.get("replacement", r"\1").replace("$", "\\"))
+    return labels
+
+
+def pod_monitor_target(objects: list[dict]) -> dict[str, str]:
+    """Labels and scrape address of the PodMonitor's one target in a pod, as the Prometheus operator
+    generates them (namespace, pod, container owning the named port, job "<ns>/<name>", endpoint;
+    then the monitor's own relabelings)."""
+    monitor = one(objects, "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    owners = [(c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"]
+              for p in c.get("ports", []) if p.get("name") == endpoint["port"]]
+    assert len(owners) == 1, f"port {endpoint['port']!r} is declared by {owners}"
+    [(owner, port)] = owners
+    labels = {"namespace": NAMESPACE, "pod": "palmyra-serve-7d9f8b6c5-x2x4q", "container": owner,
+              "job": f"{NAMESPACE}/{monitor['metadata']['name']}", "endpoint": endpoint["port"]}
+    labels = _relabel(labels, endpoint.get("relabelings", []))
+    return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
+
+
+def service_monitor_target(objects: list[dict]) -> dict[str, str]:
     monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service", "palmyra-serve")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     [endpoint] = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
-    assert endpoint["path"] == "/metrics"
-    sidecar_job = next(r["replacement"] for r in endpoint["relabelings"] if r.get("targetLabel") == "job")
+    [svc_port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    target = svc_port["targetPort"]
+    ports = {p["name"]: (c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"] for p in c.get("ports", [])}
+    owner, port = ports[target] if isinstance(target, str) else next(v for v in ports.values() if v[1] == target)
+    labels = {"namespace": NAMESPACE, "pod": "palmyra-serve-7d9f8b6c5-x2x4q", "container": owner,
+              "job": service["metadata"]["name"], "endpoint": endpoint["port"]}
+    labels = _relabel(labels, endpoint.get("relabelings", []))
+    return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
 
-    pod_monitor = one(objects, "PodMonitor")
-    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    [pod_endpoint] = pod_monitor["spec"]["podMetricsEndpoints"]
-    engine_ports = {p["name"]: p["containerPort"] for p in container(pod_spec(objects), "engine")["ports"]}
-    assert engine_ports[pod_endpoint["port"]] == 8000
-    assert not any(r.get("targetLabel") == "job" for r in pod_endpoint.get("relabelings", []))
-    engine_job = f"some-namespace/{pod_monitor['metadata']['name']}"  # the operator's PodMonitor job
 
-    matchers = {m for group in _rules()["groups"] for rule in group["rules"]
-                for m in JOB_MATCHER.findall(str(rule["expr"]))}
+def assert_monitors_scrape_through_the_sidecar(objects: list[dict], rules: dict, keda_query: str | None) -> None:
+    spec = pod_spec(objects)
+    sidecar_listen = int(container(spec, "sidecar")["command"][-1])
+    engine_target, sidecar_target = pod_monitor_target(objects), service_monitor_target(objects)
+    # Both through the port the sidecar listens on: the engine has none outside its loopback.
+    for target in (engine_target, sidecar_target):
+        assert target["__owner__"] == "sidecar" and int(target["__port__"]) == sidecar_listen, target
+    assert engine_target["__path__"] == ENGINE_METRICS_PATH
+    assert sidecar_target["__path__"] == "/metrics"
+    # The engine's series are labelled as the engine's, under the jobs the shared rules watch.
+    assert engine_target["container"] == "engine", engine_target
+    matchers = {m for group in rules["groups"] for rule in group["rules"] for m in JOB_MATCHER.findall(str(rule["expr"]))}
     assert matchers, "the rules file no longer selects jobs: update this test"
+    jobs = {"engine": engine_target["job"], "sidecar": sidecar_target["job"]}
     for matcher in matchers:
-        assert any(re.fullmatch(matcher, job) for job in (sidecar_job, engine_job)), matcher
-    for job in (sidecar_job, engine_job):
-        assert any(re.fullmatch(m, job) for m in matchers), f"no rule watches job {job}"
+        assert any(re.fullmatch(matcher, job) for job in jobs.values()), matcher
+    for which, job in jobs.items():
+        assert any(re.fullmatch(m, job) for m in matchers), f"no rule watches the {which} job {job}"
+    # The autoscaler's query selects the sidecar target's series (its demand) by their labels.
+    if keda_query is not None:
+        selected = {name: (op, value) for name, op, value in LABEL_MATCHER.findall(keda_query)
+                    if name in sidecar_target}
+        assert selected, keda_query
+        for name, (op, value) in selected.items():
+            hit = re.fullmatch(value, sidecar_target[name]) if "~" in op else value == sidecar_target[name]
+            assert bool(hit) == op.startswith("="), f"{name}{op}{value!r} misses the sidecar's {sidecar_target[name]!r}"
+
+
+def _keda_query(objects: list[dict]) -> str | None:
+    scaled = [o for o in objects if o["kind"] == "ScaledObject"]
+    return scaled[0]["spec"]["triggers"][0]["metadata"]["query"] if scaled else None
+
+
+@pytest.mark.parametrize("overlay", MONITORED)
+def test_monitors_scrape_the_sidecar_port_under_the_jobs_the_rules_expect(overlay):
+    objects = render(overlay)
+    assert_monitors_scrape_through_the_sidecar(objects, _rules(), _keda_query(objects))
+
+
+def test_monitor_check_can_fail():
+    good = render("ascend-cce")
+    rules = _rules()
+    assert_monitors_scrape_through_the_sidecar(good, rules, _keda_query(good))
+
+    def endpoint(objects):
+        return one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
+
+    faults = {
+        "the engine's own /metrics path": lambda o: endpoint(o).__setitem__("path", "/metrics"),
+        "no container relabeling (the engine's series labelled as the sidecar's)":
+            lambda o: endpoint(o).__setitem__("relabelings", []),
+        "a job the rules do not watch": lambda o: endpoint(o)["relabelings"].append(
+            {"action": "replace", "targetLabel": "job", "replacement": "vllm"}),
+        "a port the pod does not declare": lambda o: endpoint(o).__setitem__("port", "engine-metrics"),
+    }
+    for what, fault in faults.items():
+        objects = copy.deepcopy(good)
+        fault(objects)
+        with pytest.raises(AssertionError):
+            assert_monitors_scrape_through_the_sidecar(objects, rules, _keda_query(objects))
+        print(f"caught: {what}")
+    # The KEDA query itself is checked too: one that selects another job than the sidecars' misses.
+    objects = copy.deepcopy(good)
+    assert 'job="palmyra-sidecar"' in _keda_query(objects)
+    with pytest.raises(AssertionError):
+        assert_monitors_scrape_through_the_sidecar(
+            objects, rules, _keda_query(objects).replace('job="palmyra-sidecar"', 'job="palmyra-engine"'))
 
 
 # --- autoscaling ---------------------------------------------------------------------------

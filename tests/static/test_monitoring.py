@@ -151,9 +151,11 @@ def test_prometheus_config_jobs_rules_and_runbook_base():
     cfg = _yaml(PROM_DIR / "prometheus.yml")
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     targets = {name: j["static_configs"][0]["targets"] for name, j in jobs.items()}
-    assert targets == {"palmyra-sidecar": ["sidecar:8080"], "palmyra-engine": ["engine:8000"],
+    # The engine listens on loopback only: its page comes through the sidecar's /engine/metrics.
+    assert targets == {"palmyra-sidecar": ["sidecar:8080"], "palmyra-engine": ["sidecar:8080"],
                        "npu-exporter": ["npu-exporter:8082"]}
-    assert all(j.get("metrics_path", "/metrics") == "/metrics" for j in jobs.values())
+    paths = {name: j.get("metrics_path", "/metrics") for name, j in jobs.items()}
+    assert paths == {"palmyra-sidecar": "/metrics", "palmyra-engine": "/engine/metrics", "npu-exporter": "/metrics"}
     matched = [p for pattern in cfg["rule_files"] for p in PROM_DIR.glob(pattern)]
     assert matched == [RULES], "rule_files must be relative to the config and match the rules file"
     base = cfg["global"]["external_labels"]["runbook_base_url"]
@@ -373,3 +375,40 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
     assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == \
         [("npu-exporter-faulty", "3", "pending")]
     assert alerts[0]["annotations"]["runbook_url"] == TEST_BASE_URL + "#palmyranpuunhealthy"
+
+
+# --- the engine's page, scraped through the sidecar ------------------------------------------------
+
+# A stand-in sidecar's two pages (one series each, in the exposition format the real ones use);
+# the same path against the real sidecar and vLLM is tests/engine/test_prometheus_live.py.
+SIDECAR_PAGE = b"# TYPE palmyra_ready gauge\npalmyra_ready 1\n"
+ENGINE_PAGE = (b"# TYPE vllm:num_requests_waiting gauge\n"
+               b'vllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 3\n')
+ENGINE_JOB = re.compile(r'up\{job=~"([^"]*palmyra-engine)"\}')
+
+
+def test_local_prometheus_scrapes_the_engine_page_through_the_sidecar():
+    """The deployed config, with a sidecar's address filled in the way local_prometheus does it:
+    the engine job reads the sidecar's /engine/metrics, the sidecar job its /metrics, and the
+    engine-down alert's `up` selector watches the engine job."""
+    assert shutil.which("prometheus"), "prometheus missing: install Debian's `prometheus` package"
+    handler = type("Sidecar", (_Exporter,), {"pages": {"/metrics": SIDECAR_PAGE, "/engine/metrics": ENGINE_PAGE}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    addr = f"127.0.0.1:{server.server_address[1]}"
+    [engine_job] = set(ENGINE_JOB.findall(RULES.read_text(encoding="utf-8")))
+    cfg = local_prometheus.render_config(_yaml(PROM_DIR / "prometheus.yml"), local_prometheus.scrape_targets([addr]))
+    try:
+        with local_prometheus.LocalPrometheus(cfg) as prom:
+            wait_until(lambda: prom.targets_up() == {"palmyra-sidecar": True, "palmyra-engine": True}, 30,
+                       "the sidecar scraped under both jobs")
+            wait_until(lambda: _values(prom, 'vllm:num_requests_waiting{job="palmyra-engine"}') == [3.0], 30,
+                       "the engine's series under the engine job")
+            assert _values(prom, f'up{{job=~"{engine_job}", instance="{addr}"}}') == [1.0]
+            assert _values(prom, 'palmyra_ready{job="palmyra-sidecar"}') == [1.0]
+            # Each job holds its own page only.
+            assert _values(prom, '{__name__=~"vllm:.+", job="palmyra-sidecar"}') == []
+            assert _values(prom, '{__name__=~"palmyra_.+", job="palmyra-engine"}') == []
+    finally:
+        server.shutdown()
+        server.server_close()
