@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Proves a layer added nothing to a base image's Python but what it declared, and moved nothing.
+
+    check-base-unmoved.py snapshot STATE.json CONSTRAINTS.txt
+        records `pip freeze` and `pip check` of the running interpreter; writes every installed
+        distribution as a `name==version` constraint (so a following install cannot move one).
+    check-base-unmoved.py compare STATE.json REQUIREMENTS.txt [EXTRA_NAME ...]
+        fails when a distribution of the snapshot changed version or disappeared, when a new one is
+        not named in REQUIREMENTS.txt or as an EXTRA_NAME (so an undeclared dependency cannot slip
+        in), or when `pip check` reports a problem it did not report before. The base's own `pip check` complaints are printed, not fatal: vllm-ascend's
+        image carries deliberate overrides (torch_npu and triton_ascend builds newer than its pins).
+Standard library only: it runs in the base image's interpreter before anything is added.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed() -> dict[str, str]:
+    return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+
+
+def pip_check() -> list[str]:
+    run = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    return sorted(line for line in run.stdout.splitlines() if line and not line.startswith("No broken"))
+
+
+def requirement_names(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(canonical(re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0]))
+    return names
+
+
+def snapshot(state: Path, constraints: Path) -> int:
+    dists = installed()
+    state.write_text(json.dumps({"installed": dists, "pip_check": pip_check()}, indent=1, sort_keys=True))
+    # Local versions (+git..., +empty, +cpu) constrain exactly as they are installed.
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(dists.items())))
+    print(f"check-base-unmoved: {len(dists)} distributions in the base")
+    return 0
+
+
+def compare(state: Path, requirements: Path, extra: list[str]) -> int:
+    before = json.loads(state.read_text())
+    now = installed()
+    allowed = requirement_names(requirements) | {canonical(n) for n in extra}
+    problems = []
+    for name, version in sorted(before["installed"].items()):
+        if now.get(name) != version:
+            problems.append(f"moved: {name} {version} -> {now.get(name, 'removed')}")
+    for name in sorted(set(now) - set(before["installed"])):
+        if name not in allowed:
+            problems.append(f"added but not declared: {name} {now[name]}")
+    check = pip_check()
+    for line in before["pip_check"]:
+        print(f"check-base-unmoved: the base's own pip check: {line}")
+    problems += [f"new pip check problem: {line}" for line in check if line not in before["pip_check"]]
+    for line in problems:
+        print(f"check-base-unmoved: {line}", file=sys.stderr)
+    added = sorted(set(now) - set(before["installed"]))
+    print(f"check-base-unmoved: added {', '.join(f'{n}=={now[n]}' for n in added) or 'nothing'}; moved nothing: {not problems}")
+    return 1 if problems else 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "snapshot":
+        return snapshot(Path(argv[1]), Path(argv[2]))
+    if len(argv) >= 3 and argv[0] == "compare":
+        return compare(Path(argv[1]), Path(argv[2]), argv[3:])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
