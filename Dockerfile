@@ -218,10 +218,10 @@ COPY --from=project-wheel /wheel/ /tmp/palmyra/wheel/
 # the base's own versions as constraints, then the project alone (--no-deps, --no-index). The
 # check compares `pip freeze` and `pip check` before and after: nothing of the base may move, and
 # `pip check` may report nothing new (upstream's image already reports its own deliberate overrides).
+WORKDIR /tmp/palmyra
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && cd /tmp/palmyra \
  && python3 check-base-unmoved.py snapshot base.json constraints.txt \
  && python3 -m pip install -c constraints.txt -r engine-ascend-requirements.txt \
  && python3 -m pip install --no-deps --no-index wheel/*.whl \
