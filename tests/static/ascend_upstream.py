@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import json
 import os
 import re
@@ -60,7 +59,7 @@ def _ssl() -> ssl.SSLContext:
 def _get(url: str, accept: str | None = None, timeout: float = 60) -> bytes:
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
-        with urllib.request.urlopen(req, context=_ssl(), timeout=timeout) as resp:  # noqa: S310 - the package index
+        with urllib.request.urlopen(req, context=_ssl(), timeout=timeout) as resp:
             return resp.read()
     except (urllib.error.URLError, OSError) as exc:
         pytest.fail(
@@ -226,7 +225,7 @@ def uv() -> str:
 def _torch_cpu_index() -> str | None:
     """PyTorch's CPU index as the Dockerfile names it, when it answers (it does not on every machine)."""
     text = (REPO / "Dockerfile").read_text()
-    match = re.search(r"^ARG TORCH_CPU_INDEX_URL=(\S+)", text, re.M)
+    match = re.search(r"^ARG TORCH_CPU_INDEX_URL=(\S+)", text, re.MULTILINE)
     if not match:
         return None
     probe = subprocess.run([sys.executable, str(REPO / "docker" / "index-reachable.py"), match.group(1)],

@@ -23,14 +23,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ascend_upstream as up
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
-
-import ascend_upstream as up
 
 pytestmark = pytest.mark.static
 
@@ -50,9 +49,9 @@ def report(res: up.Resolution) -> str:
 
 def test_dockerfile_builds_from_the_release_image_and_names_the_a3_variant() -> None:
     text = (REPO / "Dockerfile").read_text()
-    base = re.search(r"^ARG VLLM_ASCEND_BASE=(\S+)$", text, re.M)
+    base = re.search(r"^ARG VLLM_ASCEND_BASE=(\S+)$", text, re.MULTILINE)
     assert base and base.group(1) == FACTS["image"]["a2"]
-    assert re.search(r"^FROM \$\{VLLM_ASCEND_BASE\} AS engine-ascend$", text, re.M)
+    assert re.search(r"^FROM \$\{VLLM_ASCEND_BASE\} AS engine-ascend$", text, re.MULTILINE)
     assert f"VLLM_ASCEND_BASE={FACTS['image']['a3']}" in text, "the A3 build argument is documented"
     # The sdists this file checks are the release the image tag names.
     tag_version = FACTS["image"]["a2"].rsplit(":v", 1)[1]
@@ -111,7 +110,7 @@ def test_wheels_from_outside_the_index_are_named_and_checked() -> None:
             wname, wversion, _build, tags = parse_wheel_filename(filename)
             assert canonicalize_name(wname) == name and wversion.public == wheel["version"]
             assert any(t.interpreter == "cp311" and t.abi == "cp311" and _manylinux_ok(t, arch) for t in tags), filename
-            assert any(f"cp311-cp311-" in f and arch in f for f in up.files_of(name, wheel["replaces_pin"])), (
+            assert any("cp311-cp311-" in f and arch in f for f in up.files_of(name, wheel["replaces_pin"])), (
                 f"no cp311 {arch} wheel of {name} {wheel['replaces_pin']} on the index"
             )
         print(f"outside the index: {name} {wheel['version']} ({', '.join(wheel['files'].values())}) from {wheel['from']}")
