@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
     engine_api_key: str | None = Field(
         None,
-        description="Pod-local secret: the engine's /v1 requires it (vLLM --api-key) and the sidecar sends it.",
+        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) and the sidecar sends it.",
     )
 
     # --- model ----------------------------------------------------------------------------
