@@ -27,7 +27,29 @@ def canonical(name: str) -> str:
 
 
 def installed() -> dict[str, str]:
-    return {canonical(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    """Every distribution on sys.path (CANN's PYTHONPATH packages included); the first one wins, as on import."""
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(canonical(name), dist.version)
+    return out
+
+
+def constrainable(version: str) -> bool:
+    """pip rejects a constraints file with a non-PEP 440 version (vendor packages have some)."""
+    try:
+        from pip._vendor.packaging.version import (  # the base's own pip
+            InvalidVersion,
+            Version,
+        )
+    except ImportError:
+        return bool(re.fullmatch(r"[0-9][0-9a-zA-Z.+!-]*", version))
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def pip_check() -> list[str]:
@@ -48,8 +70,12 @@ def snapshot(state: Path, constraints: Path) -> int:
     dists = installed()
     state.write_text(json.dumps({"installed": dists, "pip_check": pip_check()}, indent=1, sort_keys=True))
     # Local versions (+git..., +empty, +cpu) constrain exactly as they are installed.
-    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(dists.items())))
-    print(f"check-base-unmoved: {len(dists)} distributions in the base")
+    pinned = {name: version for name, version in dists.items() if constrainable(version)}
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pinned.items())))
+    # Those left out of the constraints are still compared afterwards.
+    skipped = sorted(set(dists) - set(pinned))
+    print(f"check-base-unmoved: {len(dists)} distributions in the base"
+          + (f"; not constrainable (non-PEP 440 versions), compared only: {', '.join(skipped)}" if skipped else ""))
     return 0
 
 

@@ -334,3 +334,56 @@ def test_entrypoint_refuses_to_start_when_a_cann_script_is_missing(tmp_path: Pat
     run = _entrypoint(tmp_path, "true")
     assert run.returncode == 1 and "missing" in run.stderr and scripts[dropped].removeprefix("/usr/local/Ascend/") in run.stderr
     assert not log.exists(), "nothing may be sourced from an incomplete CANN"
+
+
+# --- the build's own proof that the layer moved nothing ---------------------------------------------
+
+
+def _fake_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    # A distribution written straight into site-packages: a fault injected on purpose.
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (info / "RECORD").write_text("")
+
+
+def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(tmp_path: Path) -> None:
+    import shutil
+    import venv
+
+    env = tmp_path / "base"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = str(env / "bin" / "python")
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    script = str(REPO / "docker" / "check-base-unmoved.py")
+    _fake_dist(site, "upstream-pinned", "1.0")
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("declared-addition==2.0  # a comment\n")
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([python, script, *args], capture_output=True, text=True, cwd=tmp_path, check=False)
+
+    assert check("snapshot", "base.json", "constraints.txt").returncode == 0
+    assert "upstream-pinned==1.0" in (tmp_path / "constraints.txt").read_text().splitlines()
+    _fake_dist(site, "declared-addition", "2.0")
+    ok = check("compare", "base.json", str(reqs))
+    assert ok.returncode == 0 and "moved nothing: True" in ok.stdout, ok.stderr
+    # Moved: the base's package changed version.
+    shutil.rmtree(site / "upstream_pinned-1.0.dist-info")
+    _fake_dist(site, "upstream-pinned", "1.1")
+    moved = check("compare", "base.json", str(reqs))
+    assert moved.returncode == 1 and "moved: upstream-pinned 1.0 -> 1.1" in moved.stderr
+    shutil.rmtree(site / "upstream_pinned-1.1.dist-info")
+    _fake_dist(site, "upstream-pinned", "1.0")
+    # Undeclared: something came in that the requirements file does not name.
+    _fake_dist(site, "sneaked-in", "0.1")
+    undeclared = check("compare", "base.json", str(reqs))
+    assert undeclared.returncode == 1 and "added but not declared: sneaked-in 0.1" in undeclared.stderr
+    shutil.rmtree(site / "sneaked_in-0.1.dist-info")
+    # Broken: pip check reports a problem the base did not have.
+    shutil.rmtree(site / "declared_addition-2.0.dist-info")
+    _fake_dist(site, "declared-addition", "2.0", requires=("not-installed-anywhere>=1",))
+    broken = check("compare", "base.json", str(reqs))
+    assert broken.returncode == 1 and "new pip check problem" in broken.stderr and "not-installed-anywhere" in broken.stderr
