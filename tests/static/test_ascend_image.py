@@ -401,7 +401,7 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     assert "upstream-pinned==1.0" in (tmp_path / "constraints.txt").read_text().splitlines()
     _fake_dist(site, "declared-addition", "2.0")
     ok = check("compare", "base.json", str(reqs))
-    assert ok.returncode == 0 and "moved nothing: True" in ok.stdout, ok.stderr
+    assert ok.returncode == 0 and "base unmoved, pip check clean: True" in ok.stdout, ok.stderr
     # Moved: the base's package changed version.
     shutil.rmtree(site / "upstream_pinned-1.0.dist-info")
     _fake_dist(site, "upstream-pinned", "1.1")
@@ -419,3 +419,9 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     _fake_dist(site, "declared-addition", "2.0", requires=("not-installed-anywhere>=1",))
     broken = check("compare", "base.json", str(reqs))
     assert broken.returncode == 1 and "new pip check problem" in broken.stderr and "not-installed-anywhere" in broken.stderr
+    # The project, installed --no-deps on purpose, may declare what the engine image lacks (the sidecar's stack).
+    shutil.rmtree(site / "declared_addition-2.0.dist-info")
+    _fake_dist(site, "declared-addition", "2.0")
+    _fake_dist(site, "the-project", "0.1", requires=("sidecar-web-stack==9",))
+    no_deps = check("compare", "base.json", str(reqs), "the-project")
+    assert no_deps.returncode == 0 and "installed --no-deps, not checked: the-project 0.1 requires sidecar-web-stack" in no_deps.stdout
