@@ -253,7 +253,9 @@ ENV PYTHONUNBUFFERED=1 \
     ASCEND_WORK_PATH=/cache/ascend/work \
     ASCEND_PROCESS_LOG_PATH=/cache/ascend/log
 USER ${HWHIAIUSER_UID}:${HWHIAIUSER_GID}
-WORKDIR /cache/work
+# The volume's mount point itself: a WORKDIR below it that the volume lacks would be created by the
+# runtime as root (seen with podman/runc) and be unwritable; the entrypoint creates /cache/work.
+WORKDIR /cache
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health", "--timeout", "3"]
