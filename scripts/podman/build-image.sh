@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds one Dockerfile target with podman on this kind of machine (no registry, local bases,
 # local wheel folder and file:// indexes, TLS through a local CA bundle):
-#   scripts/podman/build-image.sh TARGET TAG        e.g. engine-cpu localhost/palmyra-serve-engine:cpu
+#   scripts/podman/build-image.sh TARGET TAG [PODMAN_BUILD_ARGS...]   e.g. engine-cpu localhost/palmyra-serve-engine:cpu
+#   (further arguments go to podman build as they are, e.g. --build-arg VLLM_ASCEND_BASE=...)
 # What it adds to `podman build`, each only when present on the host:
 #   --secret id=ca           the CA bundle (PALMYRA_CA_BUNDLE, default /etc/ssl/certs/ca-certificates.crt)
 #   --volume WHEELS:/wheels  pip's local wheel folder (PALMYRA_WHEELS_DIR, default /opt/wheels) + PIP_FIND_LINKS
@@ -10,8 +11,9 @@
 # Pip's cache persists between builds through the Dockerfile's cache mounts.
 # Run it under `flock /tmp/palmyra-engine.lock` on a shared machine: builds are heavy.
 set -euo pipefail
-[ $# -eq 2 ] || { echo "usage: $0 TARGET TAG" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 TARGET TAG [PODMAN_BUILD_ARGS...]" >&2; exit 2; }
 target=$1 tag=$2
+shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
@@ -39,5 +41,6 @@ for url in $(pip config get global.extra-index-url 2>/dev/null || true); do
 done
 [ ${#extra[@]} -gt 0 ] && args+=(--build-arg "PIP_EXTRA_INDEX_URL=${extra[*]}")
 
+args+=("$@")
 echo "[build] podman build ${args[*]} $repo" >&2
 exec podman build "${args[@]}" "$repo"

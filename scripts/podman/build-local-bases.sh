@@ -5,11 +5,12 @@
 #   localhost/python:3.11-bookworm   + Debian's python3 (3.11), python3-venv, pip
 # Each is built only when missing (FORCE=1 rebuilds). Needs root, podman, runc, debootstrap.
 #   scripts/podman/build-local-bases.sh
-# Env: DEBIAN_MIRROR (default http://deb.debian.org/debian), FORCE=1.
+# Env: DEBIAN_MIRROR (default: debootstrap's own), FORCE=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# debootstrap's own default mirror unless DEBIAN_MIRROR names one.
+mirror=${DEBIAN_MIRROR:-}
 debian_image=localhost/debian:bookworm
 python_image=localhost/python:3.11-bookworm
 
@@ -30,8 +31,8 @@ if have "$debian_image"; then
 else
   rootfs=$(mktemp -d /tmp/palmyra-debootstrap.XXXXXX)
   trap 'rm -rf "$rootfs"' EXIT
-  log "debootstrap bookworm minbase from $mirror (~30 s)"
-  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/tmp/palmyra-debootstrap.log 2>&1 \
+  log "debootstrap bookworm minbase from ${mirror:-the default mirror of debootstrap} (~30 s)"
+  debootstrap --variant=minbase bookworm "$rootfs" ${mirror:+"$mirror"} >/tmp/palmyra-debootstrap.log 2>&1 \
     || { tail -20 /tmp/palmyra-debootstrap.log >&2; exit 1; }
   # Empty the apt lists and caches debootstrap leaves: images start without them.
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin

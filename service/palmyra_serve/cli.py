@@ -54,9 +54,13 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if args.no_fetch:
         model_path = settings.model
     else:
-        from palmyra_serve.model.resolve import resolve
+        from palmyra_serve.model.resolve import ModelUnavailable, resolve
 
-        model_path = str(resolve(settings))
+        try:
+            model_path = str(resolve(settings, platform=platform))
+        except ModelUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     cmd = build_command(settings, model_path, platform)
     if args.print_command:
         print(cmd.redacted())
@@ -130,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_engine(p)
     p.add_argument("--no-fetch", action="store_true", help="pass --model to vLLM as is (no resolution)")
-    p.add_argument("--print-command", action="store_true", help="print the vLLM command line and exit")
+    p.add_argument("--print-command", action="store_true", help="print the vLLM command (the environment it sets, key masked, then argv) and exit")
     p.set_defaults(func=cmd_engine)
 
     p = sub.add_parser("sidecar", help="run the sidecar in front of the engine")

@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
     engine_api_key: str | None = Field(
         None,
-        description="Pod-local secret: the engine's /v1 requires it (vLLM --api-key) and the sidecar sends it.",
+        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) and the sidecar sends it.",
     )
 
     # --- model ----------------------------------------------------------------------------
@@ -35,10 +35,14 @@ class Settings(BaseSettings):
         Path("models/palmyra-mini"), description="Where resolved weights live (containers: /models/palmyra-mini)."
     )
     model_source: Literal["auto", "huggingface", "modelscope", "local", "stand-in"] = Field(
-        "auto", description="Where fetch-model looks: auto tries the hub, then falls back to the stand-in."
+        "auto", description="Where weights come from: auto uses a local directory, else the hub (HF_ENDPOINT), else the stand-in where allowed."
     )
     stand_in_size: Literal["tiny", "full"] = Field("tiny", description="Stand-in shape when no weights can be had.")
-    allow_stand_in: bool = Field(True, description="Fall back to random stand-in weights (loudly) when the hub is unreachable.")
+    allow_stand_in: bool | None = Field(
+        None,
+        description="Random stand-in weights (loudly) when no real ones can be had; unset: allowed on CPU only, "
+        "refused on accelerators (ascend, cuda), where a replica must serve the real model.",
+    )
     served_model_name: str = Field(SERVED_MODEL_NAME, description="Model name clients send and /v1/models lists.")
 
     # --- engine launcher ------------------------------------------------------------------

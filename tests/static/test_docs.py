@@ -155,6 +155,8 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_CANN_ENV": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
     "PALMYRA_ASCEND_ROOT": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
     "PALMYRA_PRELOAD_JEMALLOC": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
+    "PALMYRA_CANN_ENV_SCRIPTS": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
+    "PALMYRA_WORK_DIR": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
     "PALMYRA_VENV": ("bootstrap.sh", "install script, runs before the package exists"),
     "PALMYRA_EXTRAS": ("bootstrap.sh", "install script, runs before the package exists"),
     "PALMYRA_TORCH_INDEX": ("bootstrap.sh", "install script, runs before the package exists"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from palmyra_serve.engine.launcher import build_command
 from palmyra_serve.settings import Settings
 
@@ -19,10 +21,13 @@ def test_cpu_command_carries_the_seed_flags_and_cpu_env(monkeypatch):
     assert flag(a, "--served-model-name") == "palmyra-mini"
     assert flag(a, "--dtype") == "bfloat16" and flag(a, "--max-model-len") == "8192"
     assert "--enable-chunked-prefill" in a and flag(a, "--port") == "8000"
-    assert flag(a, "--api-key") == "secret"
     assert "--gpu-memory-utilization" not in a
-    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "3"}
-    assert "secret" not in cmd.redacted() and "--api-key '***'" in cmd.redacted()
+    # Qwen2 needs no remote code; the key goes by environment, never on argv (ps shows argv).
+    assert "--trust-remote-code" not in a
+    assert "--api-key" not in a and "secret" not in " ".join(a)
+    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_API_KEY": "secret"}
+    printed = cmd.redacted()
+    assert "secret" not in printed and printed.startswith("'VLLM_API_KEY=***' VLLM_CPU_KVCACHE_SPACE=3 ")
 
 
 def test_ascend_command_sets_npu_env_and_memory_share(monkeypatch):
@@ -37,3 +42,16 @@ def test_drain_and_shutdown_timeout_agree_and_extra_args_append():
     cmd = build_command(Settings(drain_timeout_s=45, engine_extra_args="--seed 7 --enforce-eager"), "/m", "cuda")
     assert flag(cmd.argv, "--shutdown-timeout") == "45"
     assert cmd.argv[-3:] == ["--seed", "7", "--enforce-eager"]
+
+
+def test_print_command_prints_env_then_argv_without_the_key(capsys, monkeypatch, tmp_path):
+    from palmyra_serve.cli import main
+
+    monkeypatch.setenv("PALMYRA_ENGINE_API_KEY", "topsecret")
+    monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
+    assert main(["engine", "--no-fetch", "--platform", "ascend", "--model", str(tmp_path), "--print-command"]) == 0
+    out = capsys.readouterr().out
+    assert "topsecret" not in out and out.count("\n") == 1
+    words = shlex.split(out)
+    assert words[:2] == ["PYTORCH_NPU_ALLOC_CONF=expandable_segments:True", "VLLM_API_KEY=***"]
+    assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"] and flag(words, "--model") == str(tmp_path)

@@ -23,6 +23,10 @@ from palmyra_serve.settings import Settings
 log = logging.getLogger(__name__)
 
 PLATFORMS = ("ascend", "cuda", "cpu")
+# vLLM reads its API key from this variable when no --api-key is given (vllm/envs.py in 0.18.0
+# and in the CPU engine's 0.32.0; api_server guards /v1 with it and leaves /health, /metrics open).
+API_KEY_ENV = "VLLM_API_KEY"
+SECRET_ENV = frozenset({API_KEY_ENV})
 
 
 def detect_platform() -> str:
@@ -41,12 +45,13 @@ class EngineCommand:
     platform: str = "cpu"
 
     def redacted(self) -> str:
-        """The argv for logs: the engine key never appears in them."""
-        out, hide = [], False
-        for arg in self.argv:
-            out.append("***" if hide else arg)
-            hide = arg == "--api-key"
-        return shlex.join(out)
+        """The command for logs and `--print-command`: the environment it sets, then the argv.
+
+        The engine key travels in the environment (never on argv, where `ps` and /proc show it to
+        every process); its value is masked here.
+        """
+        env = [f"{k}={'***' if k in SECRET_ENV else v}" for k, v in sorted(self.env.items())]
+        return shlex.join([*env, *self.argv])
 
 
 def build_command(settings: Settings, model_path: str, platform: str) -> EngineCommand:
@@ -62,14 +67,14 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         "--max-model-len", str(settings.max_model_len),
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
         "--enable-chunked-prefill",
-        "--trust-remote-code",
+        # No --trust-remote-code: Qwen2 is built into vLLM and Transformers; a checkpoint that
+        # needs remote code is not palmyra-mini.
         # Finish in-flight requests on SIGTERM for as long as the sidecar drains.
         "--shutdown-timeout", str(int(settings.drain_timeout_s)),
     ]
     env: dict[str, str] = {}
     if settings.engine_api_key:
-        # vLLM guards /v1 with it and leaves /health and /metrics open for probes and scraping.
-        argv += ["--api-key", settings.engine_api_key]
+        env[API_KEY_ENV] = settings.engine_api_key
     if settings.enforce_eager:
         argv.append("--enforce-eager")
     if platform == "ascend":
