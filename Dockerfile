@@ -159,13 +159,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HOME=/cache/huggingface
 USER 1000:1000
 WORKDIR /home/HwHiAiUser
-EXPOSE 8000
+# No EXPOSE: the engine listens on the loopback of its pod / Compose namespace; only the sidecar reaches it.
 # The engine's own /health: necessary, not sufficient (see docs); Compose and Kubernetes point the
 # engine's liveness at the sidecar's judgement instead. Loading and compiling take minutes.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health", "--timeout", "3"]
 ENTRYPOINT ["/opt/palmyra/bin/engine-entrypoint.sh"]
-CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 
 # ---------------------------------------------------------------------------------------------
 # engine-ascend: FROM the image vllm-ascend publishes for its v0.18.0 release (Atlas A2 / 910B,
@@ -256,12 +256,12 @@ USER ${HWHIAIUSER_UID}:${HWHIAIUSER_GID}
 # The volume's mount point itself: a WORKDIR below it that the volume lacks would be created by the
 # runtime as root (seen with podman/runc) and be unwritable; the entrypoint creates /cache/work.
 WORKDIR /cache
-EXPOSE 8000
+# No EXPOSE: the engine listens on the loopback of its pod / Compose namespace; only the sidecar reaches it.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health", "--timeout", "3"]
 # Replaces the CANN base's ENTRYPOINT: ours sources the same three set_env.sh scripts, then execs.
 ENTRYPOINT ["/opt/palmyra/bin/engine-entrypoint.sh"]
-CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 
 # ---------------------------------------------------------------------------------------------
 # engine-cuda: the PyPI vLLM wheel (CUDA torch and CUDA libraries come as wheels); the base image
@@ -328,8 +328,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HOME=/cache/huggingface
 USER 1000:1000
 WORKDIR /home/HwHiAiUser
-EXPOSE 8000
+# No EXPOSE: the engine listens on the loopback of its pod / Compose namespace; only the sidecar reaches it.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health", "--timeout", "3"]
 ENTRYPOINT ["/opt/palmyra/bin/engine-entrypoint.sh"]
-CMD ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]

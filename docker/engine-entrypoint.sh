@@ -1,6 +1,6 @@
 #!/bin/bash
 # Entrypoint of the engine images: puts the Ascend CANN environment in effect, prepares the
-# writable directories, then execs the command (default `palmyra-serve engine --host 0.0.0.0
+# writable directories, then execs the command (default `palmyra-serve engine --host 127.0.0.1
 # --port 8000`) so it runs as PID 1 and gets the orchestrator's signals directly (the launcher
 # forwards them to vLLM).
 #

@@ -69,7 +69,8 @@ def live_prometheus(engine_server, sidecar_server, dead_sidecar):
     cfg = local_prometheus.render_config(
         base,
         {"palmyra-sidecar": [_hostport(sidecar_server.url), _hostport(dead_sidecar.url)],
-         "palmyra-engine": [_hostport(engine_server.url)]},
+         # The engine's page through its sidecar (/engine/metrics), as every deployment scrapes it.
+         "palmyra-engine": [_hostport(sidecar_server.url)]},
         scrape_interval="1s", external_labels={"runbook_base_url": BASE_URL})
     with local_prometheus.LocalPrometheus(cfg) as prom:
         def all_up():
@@ -177,7 +178,8 @@ def test_every_panel_query_has_data(name, traffic, live_prometheus, engine_serve
 
 
 def test_variable_queries_list_the_live_targets(traffic, live_prometheus, engine_server, sidecar_server):
-    expect = {"palmyra-service.json": _hostport(sidecar_server.url), "palmyra-engine.json": _hostport(engine_server.url)}
+    # Both dashboards list the sidecar's address: the engine's series are scraped through it.
+    expect = {"palmyra-service.json": _hostport(sidecar_server.url), "palmyra-engine.json": _hostport(sidecar_server.url)}
     for name, instance in expect.items():
         variables = {v["name"]: v for v in dq.load(name)["templating"]["list"]}
         selector = dq.substitute(dq.label_values_selector(variables["instance"]["definition"]), {})

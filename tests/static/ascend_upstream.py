@@ -7,7 +7,7 @@ index's version lists, and a resolution by uv (`uv pip compile --python-platform
 wheel metadata by range requests instead of downloading wheels (pip's --dry-run downloads every
 wheel it resolves: ~GBs per architecture). Downloads are cached under
 ~/.cache/palmyra-serve-tests. The recipe facts (install order, the wheels taken from outside the
-index) are tests/data/ascend-image/upstream-v0.18.0.json, with their sources.
+index) are tests/static/ascend_upstream_v0.18.0.json, with their sources.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 REPO = Path(__file__).resolve().parents[2]
-FACTS = json.loads((REPO / "tests" / "data" / "ascend-image" / "upstream-v0.18.0.json").read_text())
+FACTS = json.loads((Path(__file__).with_name("ascend_upstream_v0.18.0.json")).read_text())
 CACHE = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests"))
 BIN = Path(sys.executable).parent
 ARCHES = ("x86_64", "aarch64")

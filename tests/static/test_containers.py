@@ -29,7 +29,8 @@ ENGINE_TARGETS = ("engine-ascend", "engine-cpu", "engine-cuda")
 ALL_TARGETS = (*ENGINE_TARGETS, "sidecar")
 # Targets built on a venv of their own (engine-ascend uses its base image's interpreter).
 VENV_TARGETS = ("engine-cpu", "engine-cuda", "sidecar")
-ENGINE_CMD = ["palmyra-serve", "engine", "--host", "0.0.0.0", "--port", "8000"]
+# Loopback only: the engine is reached through its sidecar, never from the pod or Compose network.
+ENGINE_CMD = ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 SIDECAR_PROBE = [
     "python3",
     "/opt/palmyra/healthchecks/http_probe.py",
@@ -384,7 +385,7 @@ def test_engine_layout_user_and_entrypoint(dockerfile: Dockerfile, target: str) 
     assert "chown -R 1000:1000 /models /cache" in user_runs[0]
     assert stage.last("ENTRYPOINT").exec_form() == ["/opt/palmyra/bin/engine-entrypoint.sh"]
     assert stage.last("CMD").exec_form() == ENGINE_CMD
-    assert stage.last("EXPOSE").args == "8000"
+    assert not stage.of("EXPOSE")  # nothing outside the pod / Compose namespace may connect
     assert stage.last("HEALTHCHECK").exec_form()[:3] == ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health"]
     copies = [c.body() for c in stage.of("COPY")]
     assert "healthchecks/ /opt/palmyra/healthchecks/" in copies
