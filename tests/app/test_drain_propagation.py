@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import socket
 import time
 
 import httpx
@@ -30,7 +31,17 @@ def test_sigterm_keeps_serving_for_the_propagation_delay_then_refuses_and_drains
         ready = wait_until(lambda: (r := client.get(f"{sc.url}/ready")).status_code == 503 and r, 2, "/ready 503")
         assert ready.json()["phase"] == "draining"
         # Not ready, yet new work is still taken: routers have not all stopped sending it here.
-        assert client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200
+        served = client.post(f"{sc.url}/v1/completions", json=completion())
+        assert served.status_code == 200
+        # ...on a connection that closes after it, so a kept-alive client (pinned to this pod by
+        # kube-proxy or its own pool) reconnects and lands on a replica that stays.
+        assert served.headers["connection"] == "close"
+        with socket.create_connection(("127.0.0.1", sc.port), timeout=5) as raw:
+            raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while chunk := raw.recv(65536):  # ends only because the sidecar closes the connection
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower()
         assert time.monotonic() - t0 < PROPAGATION_S
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             late_stream = pool.submit(stream)  # 3 s of tokens: outlives the delay

@@ -79,6 +79,8 @@ class Proxy:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
+        if self.state.draining:
+            send = _closing_connection(send)
         path = scope["path"]
         entry = RELAYED.get(path)
         route = entry.label if entry is not None else OTHER
@@ -359,6 +361,17 @@ def _usage(kept: list[bytes] | None) -> dict | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return usage if isinstance(usage, dict) else None
+
+
+def _closing_connection(send: Any) -> Any:
+    """While draining, every response says `Connection: close` (uvicorn then closes the
+    connection after it): a client on a kept-alive connection, which kube-proxy and most
+    connection pools keep pinned to this pod, reconnects and is routed to a replica that stays."""
+    async def send_closing(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
+        await send(message)
+    return send_closing
 
 
 class _Gone:
