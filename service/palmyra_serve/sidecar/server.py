@@ -62,11 +62,19 @@ def serve(settings: Settings) -> None:
         log.error("refusing to start: %s", exc)
         raise SystemExit(2) from None
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop",
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
         http=bounded_protocol(settings, app.sidecar.metrics),  # httptools, bounded (front_end.py)
-        ws="none", lifespan="on",
-        access_log=False, log_config=None, server_header=False, backlog=2048,
+        ws="none",
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        backlog=2048,
         proxy_headers=False,  # nothing here reads the client address; saves a middleware per request
-        timeout_keep_alive=30, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
     )
     DrainingServer(config, app).run()

@@ -30,8 +30,19 @@ DONE = b"[DONE]"
 
 
 class SseAccount:
-    __slots__ = ("_tail", "done", "error", "events", "first_token", "last_token", "overflow", "per_choice",
-                 "token_events", "unparsed", "usage")
+    __slots__ = (
+        "_tail",
+        "done",
+        "error",
+        "events",
+        "first_token",
+        "last_token",
+        "overflow",
+        "per_choice",
+        "token_events",
+        "unparsed",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self._tail = b""
@@ -77,7 +88,7 @@ class SseAccount:
                     self.overflow = True
                     self._tail = b""
                 return
-            self._tail = data[end + 2:]
+            self._tail = data[end + 2 :]
             if end == 0:
                 return
             complete = data[:end]
@@ -97,8 +108,9 @@ class SseAccount:
             if events:
                 body = complete[6:-2] if done else complete[6:]
                 try:
-                    payloads = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators
-                                            else b"[" + body + b"]")
+                    payloads = orjson.loads(
+                        b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
+                    )
                 except orjson.JSONDecodeError:
                     payloads = None  # one of them is not JSON: find which, event by event
                 if payloads is not None and len(payloads) == events:
@@ -230,5 +242,6 @@ def _carries_text(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     if not isinstance(delta, dict):
         return False
-    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                or delta.get("tool_calls"))
+    return bool(
+        delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
+    )

@@ -78,7 +78,7 @@ def token_id(token: str, tokenizer=None) -> int | None:
     """A completion logprobs token as an id: exact with vLLM's `return_tokens_as_token_ids`,
     otherwise a best effort through the tokenizer (None when the text is not a single token)."""
     if token.startswith(TOKEN_ID_PREFIX):
-        return int(token[len(TOKEN_ID_PREFIX):])
+        return int(token[len(TOKEN_ID_PREFIX) :])
     if tokenizer is None:
         return None
     ids = tokenizer.encode(token, add_special_tokens=False)

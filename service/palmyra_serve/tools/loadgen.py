@@ -27,8 +27,14 @@ class StreamSample:
 
 
 def _body(model: str, ids: list[int], max_tokens: int, stream: bool) -> dict:
-    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body

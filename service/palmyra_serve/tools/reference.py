@@ -38,8 +38,9 @@ class Model:
                 rows.append(logits)
                 tokens.append(tok)
                 if step + 1 < n:
-                    out = self.model(input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values,
-                                     use_cache=True)
+                    out = self.model(
+                        input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True
+                    )
         return GreedyPath(tokens, torch.stack(rows))
 
 
