@@ -7,11 +7,10 @@ built at import time: callers construct Settings() when they start.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
 
@@ -26,7 +25,8 @@ class Settings(BaseSettings):
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
     engine_api_key: str | None = Field(
         None,
-        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) and the sidecar sends it.",
+        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) "
+        "and the sidecar sends it.",
     )
 
     # --- model ----------------------------------------------------------------------------
@@ -36,7 +36,8 @@ class Settings(BaseSettings):
     )
     model_source: Literal["auto", "huggingface", "modelscope", "local", "stand-in"] = Field(
         "auto",
-        description="Where weights come from: auto uses a local directory, else the hub (HF_ENDPOINT), else the stand-in where allowed.",
+        description="Where weights come from: auto uses a local directory, else the hub (HF_ENDPOINT), "
+        "else the stand-in where allowed.",
     )
     stand_in_size: Literal["tiny", "full"] = Field("tiny", description="Stand-in shape when no weights can be had.")
     allow_stand_in: bool | None = Field(
@@ -81,7 +82,8 @@ class Settings(BaseSettings):
     )
     max_choices: int = Field(
         8,
-        description="Largest n (and best_of), and of prompts x n for a list of prompts: sequences per request (400 beyond).",
+        description="Largest n (and best_of), and of prompts x n for a list of prompts: "
+        "sequences per request (400 beyond).",
     )
     max_logprobs: int = Field(
         20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap)."
@@ -103,7 +105,8 @@ class Settings(BaseSettings):
     max_header_count: int = Field(100, description="Most request header fields; more is 431.")
     header_timeout_s: float = Field(
         8.0,
-        description="A connection's request head must arrive within this (from connect or the first byte); else closed.",
+        description="A connection's request head must arrive within this (from connect or the first byte); "
+        "else closed.",
     )
     body_timeout_s: float = Field(30.0, description="A request body must arrive within this; else 408.")
     write_timeout_s: float = Field(
@@ -118,7 +121,8 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(
         None,
-        description="File with one API key per line (a mounted secret); re-read when it changes (checked once a second).",
+        description="File with one API key per line (a mounted secret); "
+        "re-read when it changes (checked once a second).",
     )
     auth_disabled: bool = Field(
         False,

@@ -109,9 +109,9 @@ def run_up(settings: Settings) -> int:
 
     settings.up_log_dir.mkdir(parents=True, exist_ok=True)
     logs = {"engine": settings.up_log_dir / "engine.log", "sidecar": settings.up_log_dir / "sidecar.log"}
-    engine_argv = exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
+    engine_argv = [*exe, "engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
     engine = _spawn(engine_argv, env, logs["engine"])
-    sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
+    sidecar = _spawn([*exe, "sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
     t0 = engine_started = time.monotonic()
     code = 0

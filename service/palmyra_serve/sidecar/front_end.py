@@ -12,10 +12,10 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
 - Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
   before any parsing.
 - A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
-  the transport calls pause_writing() soon after its client stops reading; if resume_writing() does not follow within write_timeout_s, the transport is
-  aborted. uvicorn then reports the disconnect to the app, whose watcher cancels the relay, which
-  closes the engine connection, which makes vLLM abort the generation. Nothing runs per chunk:
-  one timer per pause.
+  the transport calls pause_writing() soon after its client stops reading; if resume_writing()
+  does not follow within write_timeout_s, the transport is aborted. uvicorn then reports the
+  disconnect to the app, whose watcher cancels the relay, which closes the engine connection,
+  which makes vLLM abort the generation. Nothing runs per chunk: one timer per pause.
 - Upgrade: refused with 400 (see errors.upgrade_refused); this service speaks HTTP/1.1 only, and
   llhttp stops parsing at an upgrade, which would leave a body unframed.
 After a refusal, or a response sent before the request's body was read (401, 404, 413, ...), the

@@ -6,12 +6,12 @@ event), so the unfinished tail of one read is kept and completed by the next. Ev
 apart by their blank line, never by searching for `data: `: generated text may contain it, and
 JSON escapes every newline inside a string, so a blank line only ever ends an event.
 
-Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object (the engine sends one when the request set
-`stream_options.include_usage`, on every event with `continuous_usage_stats`) is kept, the last
-one winning; every choice in `choices` that carries generated text (completions' `text`, chat's
-`delta.content`, reasoning or tool calls) counts one token event for its `index`, so `n>1`
-streams count each choice. Chat's opening role-only delta and the final empty delta that carries
-`finish_reason` carry no text and do not count.
+Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object
+(the engine sends one when the request set `stream_options.include_usage`, on every event with
+`continuous_usage_stats`) is kept, the last one winning; every choice in `choices` that carries
+generated text (completions' `text`, chat's `delta.content`, reasoning or tool calls) counts one
+token event for its `index`, so `n>1` streams count each choice. Chat's opening role-only delta
+and the final empty delta that carries `finish_reason` carry no text and do not count.
 
 Cost: one bytes search per read for the last event boundary and one orjson parse per event
 (measured in tests/unit/test_sse.py's benchmark and reported in docs/reliability.md).

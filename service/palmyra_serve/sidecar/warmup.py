@@ -118,7 +118,7 @@ class Supervisor:
                         f"engine does not serve {self.settings.served_model_name!r}",
                         f"it serves {[m.get('id') for m in models]}",
                     )
-                except Exception as exc:  # noqa: BLE001  (any failure here just means: not yet)
+                except Exception as exc:  # any failure here just means: not yet
                     self._not_yet("engine /v1/models unreadable", f"{type(exc).__name__}: {exc}")
             await self.sleep(self.settings.health_poll_interval_s)
 

@@ -14,7 +14,7 @@ import json
 import os
 import platform
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 SCHEMA = "palmyra-bench/1"
@@ -160,7 +160,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     from palmyra_serve.tools.loadgen import prefill_once, stream_once
     from palmyra_serve.tools.prompts import RandomPrompts
 
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     conc = sorted(set(args.concurrency))
     async with make_client(args, max(conc)) as client:
         r = await client.get("/v1/models")
