@@ -13,9 +13,13 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
 from palmyra_serve.model.tokenizer import FIRST_SPECIAL_ID, SPECIAL_TOKENS, build_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,7 @@ def parameter_count(shape: Shape) -> int:
     return total
 
 
-def _tensor(name: str, dims: tuple[int, ...], seed: int):
+def _tensor(name: str, dims: tuple[int, ...], seed: int) -> torch.Tensor:
     import torch
 
     if name.endswith("layernorm.weight") or name == "model.norm.weight":

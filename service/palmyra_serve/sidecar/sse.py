@@ -129,6 +129,7 @@ class SseAccount:
                 self._event(block, now)
 
     def _event(self, block: bytes, now: float) -> None:
+        data: bytes | None
         if block.startswith(b"data: ") and b"\n" not in block:
             data = block[6:]  # the usual shape: one data line
         else:

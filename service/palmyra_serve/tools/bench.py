@@ -16,8 +16,15 @@ import platform
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    import httpx
 
 SCHEMA = "palmyra-bench/1"
+_T = TypeVar("_T")  # what a guarded request returns
 
 
 def _ints(text: str) -> list[int]:
@@ -137,7 +144,7 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_client(args: argparse.Namespace, max_concurrency: int):
+def make_client(args: argparse.Namespace, max_concurrency: int) -> httpx.AsyncClient:
     """The AsyncClient of a run: one connection per stream (tests swap this for a MockTransport)."""
     import httpx
 
@@ -174,7 +181,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=args.no_progress)
         errors: list[str] = []
 
-        async def guarded(coro):
+        async def guarded(coro: Awaitable[_T]) -> _T | None:
             try:
                 return await coro
             except (httpx.HTTPError, ValueError, KeyError) as exc:  # EndpointError is a RuntimeError
@@ -231,8 +238,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         bar.close()
 
     scale = stats.scaling({r["concurrency"]: r["tokens_per_s"]["p50"] for r in throughput if r["tokens_per_s"]["n"]})
-    for r in throughput:
-        r.update(scale.get(r["concurrency"], {"speedup": float("nan"), "efficiency": float("nan")}))
+    for row in throughput:
+        row.update(scale.get(row["concurrency"], {"speedup": float("nan"), "efficiency": float("nan")}))
     return {
         "schema": SCHEMA,
         "meta": {

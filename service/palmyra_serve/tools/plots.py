@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a display

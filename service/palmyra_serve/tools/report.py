@@ -257,8 +257,9 @@ def compare_markdown(a: dict, b: dict, name_a: str, name_b: str) -> str:
     rows = []
     for k in keys:
         va, vb = fa.get(k), fb.get(k)
-        unit = (va or vb)[1]
-        higher = (va or vb)[2]
+        row = va or fb[k]  # every key comes from fa or fb
+        unit = row[1]
+        higher = row[2]
         ratio = vb[0] / va[0] if va and vb and va[0] else None
         if ratio is None:
             mark = ""

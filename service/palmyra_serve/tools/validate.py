@@ -15,6 +15,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
+
+    from palmyra_serve.tools.accuracy import EndpointOutput
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 DEFAULT_MODEL = "palmyra-mini"
@@ -43,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> httpx.Client:
     import httpx
 
     from palmyra_serve.tools.endpoint import headers
@@ -51,7 +57,7 @@ def _client(args: argparse.Namespace):
     return httpx.Client(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key), timeout=args.timeout)
 
 
-def fetch_greedy(client, model: str, ids: list[int], n: int):
+def fetch_greedy(client: httpx.Client, model: str, ids: list[int], n: int) -> EndpointOutput:
     """The endpoint's greedy continuation of `ids` with its top-5 logprobs, as EndpointOutput."""
     from palmyra_serve.tools.accuracy import EndpointOutput
     from palmyra_serve.tools.endpoint import check_response, token_id
