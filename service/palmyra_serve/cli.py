@@ -30,18 +30,33 @@ def _add_listen(p: argparse.ArgumentParser, port_dest: str, default_port: int) -
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=S, help="hub id or local directory (PALMYRA_MODEL)")
     p.add_argument("--model-dir", dest="model_dir", default=S, help="where weights are kept (PALMYRA_MODEL_DIR)")
-    p.add_argument("--source", dest="model_source", default=S,
-                   choices=["auto", "huggingface", "modelscope", "local", "stand-in"], help="PALMYRA_MODEL_SOURCE")
-    p.add_argument("--stand-in-size", dest="stand_in_size", default=S, choices=["tiny", "full"],
-                   help="stand-in shape when no weights can be had (PALMYRA_STAND_IN_SIZE)")
+    p.add_argument(
+        "--source",
+        dest="model_source",
+        default=S,
+        choices=["auto", "huggingface", "modelscope", "local", "stand-in"],
+        help="PALMYRA_MODEL_SOURCE",
+    )
+    p.add_argument(
+        "--stand-in-size",
+        dest="stand_in_size",
+        default=S,
+        choices=["tiny", "full"],
+        help="stand-in shape when no weights can be had (PALMYRA_STAND_IN_SIZE)",
+    )
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", default=S, choices=["auto", "ascend", "cuda", "cpu"], help="PALMYRA_PLATFORM")
     p.add_argument("--dtype", default=S, help="PALMYRA_DTYPE (default bfloat16)")
     p.add_argument("--max-model-len", dest="max_model_len", type=int, default=S, help="PALMYRA_MAX_MODEL_LEN")
-    p.add_argument("--enforce-eager", dest="enforce_eager", action="store_true", default=S,
-                   help="PALMYRA_ENFORCE_EAGER: skip compilation (faster start, slower decode)")
+    p.add_argument(
+        "--enforce-eager",
+        dest="enforce_eager",
+        action="store_true",
+        default=S,
+        help="PALMYRA_ENFORCE_EAGER: skip compilation (faster start, slower decode)",
+    )
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -108,6 +123,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 def _tool(module: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     """validate and bench live in palmyra_serve.tools; imported only when used."""
+
     def add(p: argparse.ArgumentParser) -> None:
         importlib.import_module(f"palmyra_serve.tools.{module}").add_arguments(p)
 
@@ -134,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_engine(p)
     p.add_argument("--no-fetch", action="store_true", help="pass --model to vLLM as is (no resolution)")
-    p.add_argument("--print-command", action="store_true", help="print the vLLM command (the environment it sets, key masked, then argv) and exit")
+    p.add_argument(
+        "--print-command",
+        action="store_true",
+        help="print the vLLM command (the environment it sets, key masked, then argv) and exit",
+    )
     p.set_defaults(func=cmd_engine)
 
     p = sub.add_parser("sidecar", help="run the sidecar in front of the engine")
@@ -153,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default=None, help="where to put them (default PALMYRA_MODEL_DIR)")
     p.set_defaults(func=cmd_fetch_model)
 
-    for name, help_text in (("validate", "accuracy against the fp32 Transformers reference"),
-                            ("bench", "prefill, decode, TTFT and throughput against any endpoint")):
+    for name, help_text in (
+        ("validate", "accuracy against the fp32 Transformers reference"),
+        ("bench", "prefill, decode, TTFT and throughput against any endpoint"),
+    ):
         add, run = _tool(name)
         p = sub.add_parser(name, help=help_text)
         add(p)

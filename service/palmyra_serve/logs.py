@@ -34,7 +34,7 @@ def configure(level: str = "info") -> None:
     """Route every logger (ours, uvicorn's, aiohttp's) through one JSON handler on stdout."""
     # One access line per request is on the hot path: skip the caller lookup (a stack walk) and
     # the thread/process bookkeeping that no field here uses.
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -7,11 +7,10 @@ built at import time: callers construct Settings() when they start.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
 
@@ -26,7 +25,8 @@ class Settings(BaseSettings):
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
     engine_api_key: str | None = Field(
         None,
-        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) and the sidecar sends it.",
+        description="Pod-local secret: the engine's /v1 requires it (passed to vLLM as VLLM_API_KEY) "
+        "and the sidecar sends it.",
     )
 
     # --- model ----------------------------------------------------------------------------
@@ -35,7 +35,9 @@ class Settings(BaseSettings):
         Path("models/palmyra-mini"), description="Where resolved weights live (containers: /models/palmyra-mini)."
     )
     model_source: Literal["auto", "huggingface", "modelscope", "local", "stand-in"] = Field(
-        "auto", description="Where weights come from: auto uses a local directory, else the hub (HF_ENDPOINT), else the stand-in where allowed."
+        "auto",
+        description="Where weights come from: auto uses a local directory, else the hub (HF_ENDPOINT), "
+        "else the stand-in where allowed.",
     )
     stand_in_size: Literal["tiny", "full"] = Field("tiny", description="Stand-in shape when no weights can be had.")
     allow_stand_in: bool | None = Field(
@@ -46,13 +48,19 @@ class Settings(BaseSettings):
     served_model_name: str = Field(SERVED_MODEL_NAME, description="Model name clients send and /v1/models lists.")
 
     # --- engine launcher ------------------------------------------------------------------
-    platform: Literal["auto", "ascend", "cuda", "cpu"] = Field("auto", description="Engine platform; auto detects torch-npu, then CUDA, else CPU.")
-    dtype: str = Field("bfloat16", description="Engine dtype (bf16 everywhere: fp16 gives garbage for Qwen2.5 weights on Ascend).")
+    platform: Literal["auto", "ascend", "cuda", "cpu"] = Field(
+        "auto", description="Engine platform; auto detects torch-npu, then CUDA, else CPU."
+    )
+    dtype: str = Field(
+        "bfloat16", description="Engine dtype (bf16 everywhere: fp16 gives garbage for Qwen2.5 weights on Ascend)."
+    )
     max_model_len: int = Field(8192, description="Engine --max-model-len (the seed card's value).")
     gpu_memory_utilization: float = Field(0.85, description="Share of NPU/GPU memory vLLM may use (seed: 0.85).")
     tensor_parallel_size: int = Field(1, description="Engine --tensor-parallel-size.")
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (faster start, slower decode).")
-    npu_devices: str | None = Field(None, description="Ascend devices to use, exported as ASCEND_RT_VISIBLE_DEVICES (e.g. '0').")
+    npu_devices: str | None = Field(
+        None, description="Ascend devices to use, exported as ASCEND_RT_VISIBLE_DEVICES (e.g. '0')."
+    )
     cpu_kvcache_gib: int = Field(4, description="CPU engine KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     engine_extra_args: str = Field("", description="Extra vLLM server arguments, appended verbatim (shell-split).")
 
@@ -67,34 +75,44 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         768 * 1024,
         description="Largest request body; larger is 413. 768 KiB is 6x the largest prompt max-model-len 8192 admits "
-                    "(about 128 KiB of JSON); every in-flight and queued request may hold one (see the memory budget).",
+        "(about 128 KiB of JSON); every in-flight and queued request may hold one (see the memory budget).",
     )
     max_tokens_cap: int | None = Field(
         None, description="Largest max_tokens / max_completion_tokens / min_tokens (400 beyond); unset: max-model-len."
     )
     max_choices: int = Field(
-        8, description="Largest n (and best_of), and of prompts x n for a list of prompts: sequences per request (400 beyond)."
+        8,
+        description="Largest n (and best_of), and of prompts x n for a list of prompts: "
+        "sequences per request (400 beyond).",
     )
-    max_logprobs: int = Field(20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap).")
+    max_logprobs: int = Field(
+        20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap)."
+    )
     retry_after_s: int = Field(1, description="Retry-After seconds on 429 and 503.")
 
     # --- sidecar: front end (bounds on what a client connection may cost) ----------------
     max_connections: int = Field(
         384,
         description="Open client connections (in flight + queued + 64 spare for probes and idle keep-alive); beyond "
-                    "it a new one gets a canned 503 and is closed at once.",
+        "it a new one gets a canned 503 and is closed at once.",
     )
-    max_request_line_bytes: int = Field(8 * 1024, description="Longest request line (method, target, version); longer is 414.")
-    max_header_bytes: int = Field(16 * 1024, description="Largest request head (request line and headers); larger is 431.")
+    max_request_line_bytes: int = Field(
+        8 * 1024, description="Longest request line (method, target, version); longer is 414."
+    )
+    max_header_bytes: int = Field(
+        16 * 1024, description="Largest request head (request line and headers); larger is 431."
+    )
     max_header_count: int = Field(100, description="Most request header fields; more is 431.")
     header_timeout_s: float = Field(
-        8.0, description="A connection's request head must arrive within this (from connect or the first byte); else closed."
+        8.0,
+        description="A connection's request head must arrive within this (from connect or the first byte); "
+        "else closed.",
     )
     body_timeout_s: float = Field(30.0, description="A request body must arrive within this; else 408.")
     write_timeout_s: float = Field(
         10.0,
         description="A client that reads nothing while its send buffer is full for this long is disconnected "
-                    "(its slot freed, the engine stops generating for it).",
+        "(its slot freed, the engine stops generating for it).",
     )
 
     # --- sidecar: auth, logs ----------------------------------------------------------------
@@ -102,10 +120,13 @@ class Settings(BaseSettings):
         default_factory=list, description="Client API keys, comma-separated. Keys are required unless auth is disabled."
     )
     api_keys_file: Path | None = Field(
-        None, description="File with one API key per line (a mounted secret); re-read when it changes (checked once a second)."
+        None,
+        description="File with one API key per line (a mounted secret); "
+        "re-read when it changes (checked once a second).",
     )
     auth_disabled: bool = Field(
-        False, description="Serve without API keys. Only an explicit true turns auth off (the local quick start sets it)."
+        False,
+        description="Serve without API keys. Only an explicit true turns auth off (the local quick start sets it).",
     )
     log_level: str = Field("info", description="Log level of the JSON logs.")
     up_log_dir: Path = Field(Path(".palmyra/logs"), description="`up` writes the engine's and sidecar's logs here.")
@@ -115,9 +136,7 @@ class Settings(BaseSettings):
     liveness_budget_s: float = Field(
         30.0, description="Engine dead or hung for longer than this fails /health (the engine container is restarted)."
     )
-    warmup_long_prompt_share: float = Field(
-        0.5, description="Longest warmup prompt as a share of max-model-len."
-    )
+    warmup_long_prompt_share: float = Field(0.5, description="Longest warmup prompt as a share of max-model-len.")
     warmup_request_timeout_s: float = Field(
         300.0, description="Longest a single warmup generation may take (a long prompt on a slow CPU engine)."
     )
@@ -134,8 +153,8 @@ class Settings(BaseSettings):
     drain_propagation_s: float = Field(
         10.0,
         description="On SIGTERM, seconds /ready says 503 while new requests are still served (endpoints and "
-                    "gateways stop routing here meanwhile); then new requests get 503 and in-flight ones get "
-                    "the drain timeout. 0 where nothing routes by readiness (Compose, `up`).",
+        "gateways stop routing here meanwhile); then new requests get 503 and in-flight ones get "
+        "the drain timeout. 0 where nothing routes by readiness (Compose, `up`).",
     )
 
     @field_validator("api_keys", mode="before")

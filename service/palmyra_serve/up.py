@@ -109,9 +109,9 @@ def run_up(settings: Settings) -> int:
 
     settings.up_log_dir.mkdir(parents=True, exist_ok=True)
     logs = {"engine": settings.up_log_dir / "engine.log", "sidecar": settings.up_log_dir / "sidecar.log"}
-    engine_argv = exe + ["engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
+    engine_argv = [*exe, "engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
     engine = _spawn(engine_argv, env, logs["engine"])
-    sidecar = _spawn(exe + ["sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
+    sidecar = _spawn([*exe, "sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
     t0 = engine_started = time.monotonic()
     code = 0
@@ -132,8 +132,10 @@ def run_up(settings: Settings) -> int:
                 ran = now - engine_started
                 if ran >= RESTART_RESET_S:
                     backoff = RESTART_MIN_S
-                _say(f"engine exited with code {engine.returncode} after {ran:.0f} s; the end of "
-                     f"{logs['engine']}:\n{_tail(logs['engine'])}")
+                _say(
+                    f"engine exited with code {engine.returncode} after {ran:.0f} s; the end of "
+                    f"{logs['engine']}:\n{_tail(logs['engine'])}"
+                )
                 _say(f"restarting the engine in {backoff:.0f} s (restart {restarts + 1}); the sidecar stays up")
                 _stop(engine, "engine", STOP_TIMEOUT_S)  # what is left of its group (engine-core workers)
                 restart_at = now + backoff
@@ -152,11 +154,14 @@ def run_up(settings: Settings) -> int:
                     continue
                 announced = True
                 _say(f"ready in {now - t0:.0f} s (weights: {body.get('weights')})")
-                print(f"\npalmyra-mini is being served at {url}\n"
-                      f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
-                      f"       -d '{{\"model\": \"{settings.served_model_name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n"
-                      f"  health {url}/health  ready {url}/ready  metrics {url}/metrics\n"
-                      f"Ctrl-C stops both.\n", flush=True)
+                print(
+                    f"\npalmyra-mini is being served at {url}\n"
+                    f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+                    f'       -d \'{{"model": "{settings.served_model_name}", "prompt": "Hello", "max_tokens": 16}}\'\n'
+                    f"  health {url}/health  ready {url}/ready  metrics {url}/metrics\n"
+                    f"Ctrl-C stops both.\n",
+                    flush=True,
+                )
             elif not ok:
                 if was_ready:
                     was_ready = False

@@ -58,19 +58,29 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; one of {PLATFORMS}")
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", settings.served_model_name,
-        "--host", settings.host,
-        "--port", str(settings.engine_port),
-        "--dtype", settings.dtype,
-        "--max-model-len", str(settings.max_model_len),
-        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        settings.served_model_name,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.engine_port),
+        "--dtype",
+        settings.dtype,
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--tensor-parallel-size",
+        str(settings.tensor_parallel_size),
         "--enable-chunked-prefill",
         # No --trust-remote-code: Qwen2 is built into vLLM and Transformers; a checkpoint that
         # needs remote code is not palmyra-mini.
         # Finish in-flight requests on SIGTERM for as long as the sidecar drains.
-        "--shutdown-timeout", str(int(settings.drain_timeout_s)),
+        "--shutdown-timeout",
+        str(int(settings.drain_timeout_s)),
     ]
     env: dict[str, str] = {}
     if settings.engine_api_key:

@@ -64,8 +64,7 @@ def _platform(settings: Settings) -> str:
 
 def is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and (
-        any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
-        or any(path.glob("*.bin"))
+        any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file() or any(path.glob("*.bin"))
     )
 
 
@@ -84,8 +83,11 @@ def _from_huggingface(repo_id: str, dest: Path) -> Path:
     from huggingface_hub import snapshot_download  # honours HF_ENDPOINT and HF_TOKEN, shows progress bars
 
     log.info("downloading %s from %s into %s", repo_id, os.environ.get("HF_ENDPOINT", HF_DEFAULT_ENDPOINT), dest)
-    snapshot_download(repo_id=repo_id, local_dir=str(dest),
-                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.md"])
+    snapshot_download(
+        repo_id=repo_id,
+        local_dir=str(dest),
+        allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.md"],
+    )
     return dest
 
 
@@ -159,9 +161,12 @@ def resolve(
             f"does not include (build it elsewhere: palmyra-serve make-model --out DIR). " + HOW_TO_PROVIDE
         )
     # The one loud line: nobody should mistake these weights for the real model.
-    print(f"WARNING: {why}: serving a RANDOM-WEIGHT stand-in ({settings.stand_in_size}) of {repo_id} "
-          f"from {dest}; its output is noise. Give real weights with PALMYRA_MODEL=/path or HF_ENDPOINT=mirror.",
-          file=sys.stderr, flush=True)
+    print(
+        f"WARNING: {why}: serving a RANDOM-WEIGHT stand-in ({settings.stand_in_size}) of {repo_id} "
+        f"from {dest}; its output is noise. Give real weights with PALMYRA_MODEL=/path or HF_ENDPOINT=mirror.",
+        file=sys.stderr,
+        flush=True,
+    )
     return stand_in.build(dest, settings.stand_in_size)
 
 

@@ -13,9 +13,13 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
 from palmyra_serve.model.tokenizer import FIRST_SPECIAL_ID, SPECIAL_TOKENS, build_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,14 @@ class Shape:
 
 SHAPES = {
     # Writer/palmyra-mini: 1,777,088,000 parameters with untied embeddings.
-    "full": Shape(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                  intermediate_size=8960),
+    "full": Shape(
+        hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960
+    ),
     # Same tokenizer, vocabulary and head_dim (the CPU attention kernel rejects head_dim 16);
     # two layers: builds in seconds and vLLM starts it in about a minute.
-    "tiny": Shape(hidden_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                  intermediate_size=768),
+    "tiny": Shape(
+        hidden_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=768
+    ),
 }
 
 
@@ -83,17 +89,22 @@ def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h)}
     for i in range(shape.num_hidden_layers):
         p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
-            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (shape.intermediate_size, h),
-            p + "mlp.up_proj.weight": (shape.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, shape.intermediate_size),
-        })
+        out.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.v_proj.bias": (kv,),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "mlp.gate_proj.weight": (shape.intermediate_size, h),
+                p + "mlp.up_proj.weight": (shape.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, shape.intermediate_size),
+            }
+        )
     out["model.norm.weight"] = (h,)
     out["lm_head.weight"] = (shape.vocab_size, h)
     return out
@@ -109,7 +120,7 @@ def parameter_count(shape: Shape) -> int:
     return total
 
 
-def _tensor(name: str, dims: tuple[int, ...], seed: int):
+def _tensor(name: str, dims: tuple[int, ...], seed: int) -> torch.Tensor:
     import torch
 
     if name.endswith("layernorm.weight") or name == "model.norm.weight":
@@ -159,8 +170,15 @@ def build(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write a complete Hugging Face checkpoint to out_dir and return it. Idempotent for one (size, seed)."""
     shape = SHAPES[size]
     out_dir = Path(out_dir)
-    wanted = {"random_weights": True, "size": size, "seed": seed, "builder_version": BUILDER_VERSION,
-              "parameters": parameter_count(shape), "shape": asdict(shape), "stands_in_for": HUB_MODEL_ID}
+    wanted = {
+        "random_weights": True,
+        "size": size,
+        "seed": seed,
+        "builder_version": BUILDER_VERSION,
+        "parameters": parameter_count(shape),
+        "shape": asdict(shape),
+        "stands_in_for": HUB_MODEL_ID,
+    }
     existing = marker(out_dir)
     if existing == wanted:
         log.info("stand-in %s already built at %s", size, out_dir)
@@ -173,8 +191,12 @@ def build(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
     # transformers_version also tells transformers this is not an old Mistral tokenizer to "fix".
     config = {**hf_config(shape), "transformers_version": version("transformers")}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    gen_cfg = {"bos_token_id": FIRST_SPECIAL_ID, "eos_token_id": [FIRST_SPECIAL_ID + 2, FIRST_SPECIAL_ID],
-               "pad_token_id": FIRST_SPECIAL_ID, "do_sample": False}
+    gen_cfg = {
+        "bos_token_id": FIRST_SPECIAL_ID,
+        "eos_token_id": [FIRST_SPECIAL_ID + 2, FIRST_SPECIAL_ID],
+        "pad_token_id": FIRST_SPECIAL_ID,
+        "do_sample": False,
+    }
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2), encoding="utf-8")
     build_tokenizer(out_dir)
     _write_weights(out_dir, shape, seed)

@@ -64,9 +64,7 @@ def build_tokenizer(out_dir: Path) -> None:
     if backend.get_vocab_size() != FIRST_SPECIAL_ID:
         raise RuntimeError(f"expected {FIRST_SPECIAL_ID} BPE ranks, found {backend.get_vocab_size()}")
     backend.normalizer = normalizers.NFC()  # Qwen2 normalizes to NFC before splitting
-    backend.add_special_tokens(
-        [AddedToken(t, normalized=False, special=t not in _NON_CONTROL) for t in SPECIAL_TOKENS]
-    )
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=t not in _NON_CONTROL) for t in SPECIAL_TOKENS])
     for offset, token in enumerate(SPECIAL_TOKENS):
         got = backend.token_to_id(token)
         if got != FIRST_SPECIAL_ID + offset:

@@ -39,8 +39,13 @@ class AccessLog:
         if second != self._ts_second:  # strftime once per second, not once per request
             self._ts_second = second
             self._ts_prefix = timestamp(second)[:-5]
-        entry = {"ts": f"{self._ts_prefix}.{int(now * 1000) % 1000:03d}Z", "level": "info", "logger": LOGGER_NAME,
-                 "msg": "request", **fields}
+        entry = {
+            "ts": f"{self._ts_prefix}.{int(now * 1000) % 1000:03d}Z",
+            "level": "info",
+            "logger": LOGGER_NAME,
+            "msg": "request",
+            **fields,
+        }
         self._buffer += orjson.dumps(entry, default=str)
         self._buffer += b"\n"
         if len(self._buffer) >= FLUSH_BYTES:

@@ -49,8 +49,9 @@ class SidecarState:
         self.settings = settings
         self.metrics = metrics
         self.health = HealthState(metrics, settings.liveness_budget_s)
-        self.admission = Admission(settings.max_in_flight, settings.max_queue, settings.queue_timeout_s,
-                                   settings.retry_after_s)
+        self.admission = Admission(
+            settings.max_in_flight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s
+        )
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
         metrics.concurrency_limit.set_function(lambda: self.admission.max_in_flight)
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
@@ -62,14 +63,17 @@ class SidecarState:
         self.health.begin_drain()
         if self.settings.drain_propagation_s > 0:
             # Endpoints and gateways still route here for a while: refusing now would fail those requests.
-            log.info("not ready; still serving while endpoints stop routing here",
-                     extra={"fields": {"propagation_s": self.settings.drain_propagation_s}})
+            log.info(
+                "not ready; still serving while endpoints stop routing here",
+                extra={"fields": {"propagation_s": self.settings.drain_propagation_s}},
+            )
             await asyncio.sleep(self.settings.drain_propagation_s)
-        log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight,
-                                               "queued": self.admission.queued}})
+        log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight, "queued": self.admission.queued}})
         emptied = await self.admission.drain(self.settings.drain_timeout_s)
-        log.info("drained" if emptied else "drain timeout: requests still in flight",
-                 extra={"fields": {"in_flight": self.admission.in_flight}})
+        log.info(
+            "drained" if emptied else "drain timeout: requests still in flight",
+            extra={"fields": {"in_flight": self.admission.in_flight}},
+        )
         return emptied
 
 
@@ -89,8 +93,11 @@ class SidecarApp:
         await self.control(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None, session: aiohttp.ClientSession | None = None,
-               metrics: SidecarMetrics | None = None) -> SidecarApp:
+def create_app(
+    settings: Settings | None = None,
+    session: aiohttp.ClientSession | None = None,
+    metrics: SidecarMetrics | None = None,
+) -> SidecarApp:
     settings = settings or Settings()
     state = SidecarState(settings, metrics or SidecarMetrics())
 
@@ -104,8 +111,12 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
             asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
         ]
-        log.info("sidecar started", extra={"fields": {"version": __version__, "engine_url": settings.engine_url,
-                                                      "auth": state.proxy.keys.enabled}})
+        log.info(
+            "sidecar started",
+            extra={
+                "fields": {"version": __version__, "engine_url": settings.engine_url, "auth": state.proxy.keys.enabled}
+            },
+        )
         try:
             yield
         finally:
@@ -117,8 +128,9 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
             if own_session:
                 await state.session.close()
 
-    control = FastAPI(title="palmyra-serve sidecar", version=__version__, lifespan=lifespan,
-                      docs_url="/docs", redoc_url=None)
+    control = FastAPI(
+        title="palmyra-serve sidecar", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None
+    )
     control.state.sidecar = state
 
     @control.get("/health", summary="Liveness of the engine, as the sidecar judges it")
@@ -150,14 +162,22 @@ def create_app(settings: Settings | None = None, session: aiohttp.ClientSession 
         try:
             page = await engine.metrics(asked, ENGINE_METRICS_TIMEOUT_S, ENGINE_METRICS_MAX_BYTES)
         except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge) as exc:
-            code = (errors.ENGINE_TIMEOUT if isinstance(exc, TimeoutError) else
-                    errors.BAD_UPSTREAM if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError) else
-                    errors.ENGINE_UNAVAILABLE)
+            code = (
+                errors.ENGINE_TIMEOUT
+                if isinstance(exc, TimeoutError)
+                else errors.BAD_UPSTREAM
+                if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError)
+                else errors.ENGINE_UNAVAILABLE
+            )
             log.warning("engine metrics unavailable", extra={"fields": {"error": code, "detail": str(exc)[:300]}})
             failure = errors.upstream(code, settings.retry_after_s)
             # 503 for every failure here: to a scraper the page is simply not there right now.
-            return Response(failure.body(), status_code=503, media_type="application/json",
-                            headers={"Retry-After": str(settings.retry_after_s)})
+            return Response(
+                failure.body(),
+                status_code=503,
+                media_type="application/json",
+                headers={"Retry-After": str(settings.retry_after_s)},
+            )
         headers = {"Content-Type": page.content_type}
         if page.content_encoding:
             headers["Content-Encoding"] = page.content_encoding

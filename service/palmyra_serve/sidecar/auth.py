@@ -31,11 +31,36 @@ log = logging.getLogger("palmyra.sidecar")
 RELOAD_EVERY_S = 1.0
 MIN_KEY_CHARS = 8
 # The values the repository's examples carry (.env, compose/*.env, READMEs) and the usual suspects.
-PLACEHOLDERS = frozenset({
-    "changeme", "change-me", "change_me", "replace-me", "replace_me", "replaceme", "your-key", "your-api-key",
-    "your_api_key", "api-key", "apikey", "secret", "password", "example", "test", "key", "key1", "key2",
-    "sk-xxx", "xxx", "todo", "none", "null", "unused", "change-me-engine-key", "change-me-client-key",
-})
+PLACEHOLDERS = frozenset(
+    {
+        "changeme",
+        "change-me",
+        "change_me",
+        "replace-me",
+        "replace_me",
+        "replaceme",
+        "your-key",
+        "your-api-key",
+        "your_api_key",
+        "api-key",
+        "apikey",
+        "secret",
+        "password",
+        "example",
+        "test",
+        "key",
+        "key1",
+        "key2",
+        "sk-xxx",
+        "xxx",
+        "todo",
+        "none",
+        "null",
+        "unused",
+        "change-me-engine-key",
+        "change-me-client-key",
+    }
+)
 
 
 class AuthConfigError(ValueError):
@@ -44,14 +69,18 @@ class AuthConfigError(ValueError):
 
 def _placeholder(key: str) -> bool:
     low = key.lower()
-    return low in PLACEHOLDERS or low.startswith(("change-me", "changeme", "replace-me", "<")) or len(key) < MIN_KEY_CHARS
+    return (
+        low in PLACEHOLDERS or low.startswith(("change-me", "changeme", "replace-me", "<")) or len(key) < MIN_KEY_CHARS
+    )
 
 
 def validate(keys: list[str], source: str) -> list[str]:
     bad = [k for k in keys if _placeholder(k)]
     if bad:
-        raise AuthConfigError(f"{source}: {len(bad)} key(s) are placeholders or shorter than {MIN_KEY_CHARS} "
-                              f"characters (e.g. 'changeme'); generate real ones (openssl rand -hex 32)")
+        raise AuthConfigError(
+            f"{source}: {len(bad)} key(s) are placeholders or shorter than {MIN_KEY_CHARS} "
+            f"characters (e.g. 'changeme'); generate real ones (openssl rand -hex 32)"
+        )
     return keys
 
 
@@ -80,8 +109,13 @@ def _digest(key: str) -> bytes:
 
 
 class ApiKeys:
-    def __init__(self, keys: list[str], path: Path | None = None, disabled: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        keys: list[str],
+        path: Path | None = None,
+        disabled: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """Raises AuthConfigError when the configuration would start open or with placeholder keys."""
         self._env_digests = [_digest(k) for k in validate(list(keys), "PALMYRA_API_KEYS")]
         self._path = path
@@ -93,8 +127,10 @@ class ApiKeys:
         if disabled and self._digests:
             log.warning("PALMYRA_AUTH_DISABLED=true is ignored: API keys are configured and stay required")
         elif not disabled and not self._digests:
-            raise AuthConfigError("no client API key configured: set PALMYRA_API_KEYS or PALMYRA_API_KEYS_FILE, "
-                                  "or PALMYRA_AUTH_DISABLED=true to serve without authentication")
+            raise AuthConfigError(
+                "no client API key configured: set PALMYRA_API_KEYS or PALMYRA_API_KEYS_FILE, "
+                "or PALMYRA_AUTH_DISABLED=true to serve without authentication"
+            )
         self.enabled = bool(self._digests)
 
     @classmethod
@@ -127,8 +163,10 @@ class ApiKeys:
         try:
             keys = read_key_file(self._path)
         except AuthConfigError as exc:
-            log.error("API key file changed but is unusable; the previous keys stay in force",
-                      extra={"fields": {"error": str(exc)}})
+            log.error(
+                "API key file changed but is unusable; the previous keys stay in force",
+                extra={"fields": {"error": str(exc)}},
+            )
             return
         self._digests = self._env_digests + [_digest(k) for k in keys]
         log.info("API keys reloaded", extra={"fields": {"keys": len(self._digests)}})

@@ -189,8 +189,10 @@ class AdaptiveLimit:
         now = self.clock()
         n = len(self._ttfts) + len(self._itls) + self._drops
         elapsed = now - self._window_start
-        if not ((n >= self.config.min_samples and elapsed >= self.config.window_s)
-                or (n >= 1 and elapsed >= self.config.max_window_s)):
+        if not (
+            (n >= self.config.min_samples and elapsed >= self.config.window_s)
+            or (n >= 1 and elapsed >= self.config.max_window_s)
+        ):
             return
         old = self._limit
         self._limit = self._next_limit()

@@ -87,8 +87,12 @@ def default_max_num_seqs(platform: str, tensor_parallel_size: int = 1) -> int:
     return CPU_MAX_NUM_SEQS * max(1, tensor_parallel_size) if platform == "cpu" else ACCEL_MAX_NUM_SEQS
 
 
-def ceiling(max_num_seqs: int, cache_labels: dict[str, str],
-            tokens_per_request: int = DEFAULT_KV_TOKENS_PER_REQUEST, override: int | None = None) -> int:
+def ceiling(
+    max_num_seqs: int,
+    cache_labels: dict[str, str],
+    tokens_per_request: int = DEFAULT_KV_TOKENS_PER_REQUEST,
+    override: int | None = None,
+) -> int:
     """The adaptive limit's ceiling: the operator's override, else min(max_num_seqs, KV requests)."""
     if override is not None:
         return max(1, override)

@@ -287,11 +287,11 @@ class EnginePool:
         self._ssl = ssl.create_default_context() if tls else None
         self._idle: collections.deque[_Connection] = collections.deque()
 
-    async def request(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-                      body: bytes) -> EngineResponse:
+    async def request(
+        self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> EngineResponse:
         """Send one request and wait for the response head. `target` is the raw path plus query."""
-        head = [method.encode("latin-1"), b" ", self.prefix, target,
-                b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
+        head = [method.encode("latin-1"), b" ", self.prefix, target, b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
         if body or method in ("POST", "PUT", "PATCH"):
             head += [b"content-length: ", str(len(body)).encode(), b"\r\n"]
         for name, value in headers:
@@ -322,8 +322,7 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(loop), self.host, self.port,
-                                                       ssl=self._ssl)
+                _, conn = await loop.create_connection(lambda: _Connection(loop), self.host, self.port, ssl=self._ssl)
         except TimeoutError:
             raise UpstreamTimeout(f"connecting to the engine took over {self.connect_timeout_s} s") from None
         except OSError as exc:

@@ -46,18 +46,31 @@ STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
 UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
 # Codes of the sidecar's own refusals, pre-created as palmyra_rejections_total series; a code
 # added below counts the same way (its series appears on first use).
-REJECTION_CODES = ("queue_full", "queue_timeout", "request_too_large", "request_timeout", "max_tokens_too_large",
-                   "invalid_json", "draining", "invalid_api_key")
+REJECTION_CODES = (
+    "queue_full",
+    "queue_timeout",
+    "request_too_large",
+    "request_timeout",
+    "max_tokens_too_large",
+    "invalid_json",
+    "draining",
+    "invalid_api_key",
+)
 
 
 def unauthorized() -> ApiError:
-    return ApiError(401, "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                    "authentication_error", "invalid_api_key")
+    return ApiError(
+        401,
+        "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'.",
+        "authentication_error",
+        "invalid_api_key",
+    )
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"Request body exceeds the limit of {limit} bytes.", "invalid_request_error",
-                    "request_too_large")
+    return ApiError(
+        413, f"Request body exceeds the limit of {limit} bytes.", "invalid_request_error", "request_too_large"
+    )
 
 
 def body_timeout() -> ApiError:
@@ -65,8 +78,13 @@ def body_timeout() -> ApiError:
 
 
 def max_tokens_too_large(asked: int, cap: int, param: str) -> ApiError:
-    return ApiError(400, f"{param}={asked} exceeds this service's limit of {cap}.", "invalid_request_error",
-                    "max_tokens_too_large", param=param)
+    return ApiError(
+        400,
+        f"{param}={asked} exceeds this service's limit of {cap}.",
+        "invalid_request_error",
+        "max_tokens_too_large",
+        param=param,
+    )
 
 
 def invalid_json() -> ApiError:
@@ -74,23 +92,39 @@ def invalid_json() -> ApiError:
 
 
 def queue_full(retry_after: int) -> ApiError:
-    return ApiError(429, "The service is at capacity; retry shortly.", "rate_limit_error", "queue_full",
-                    retry_after=retry_after)
+    return ApiError(
+        429, "The service is at capacity; retry shortly.", "rate_limit_error", "queue_full", retry_after=retry_after
+    )
 
 
 def queue_timeout(retry_after: int) -> ApiError:
-    return ApiError(429, "The request waited too long for a free slot; retry shortly.", "rate_limit_error",
-                    "queue_timeout", retry_after=retry_after)
+    return ApiError(
+        429,
+        "The request waited too long for a free slot; retry shortly.",
+        "rate_limit_error",
+        "queue_timeout",
+        retry_after=retry_after,
+    )
 
 
 def draining(retry_after: int) -> ApiError:
-    return ApiError(503, "This replica is shutting down; retry on another.", "service_unavailable",
-                    "draining", retry_after=retry_after)
+    return ApiError(
+        503,
+        "This replica is shutting down; retry on another.",
+        "service_unavailable",
+        "draining",
+        retry_after=retry_after,
+    )
 
 
 def engine_unavailable(retry_after: int) -> ApiError:
-    return ApiError(503, "The inference engine is not reachable.", "service_unavailable", "engine_unavailable",
-                    retry_after=retry_after)
+    return ApiError(
+        503,
+        "The inference engine is not reachable.",
+        "service_unavailable",
+        "engine_unavailable",
+        retry_after=retry_after,
+    )
 
 
 def engine_timeout() -> ApiError:
@@ -102,8 +136,9 @@ def bad_upstream() -> ApiError:
 
 
 def stream_interrupted() -> ApiError:
-    return ApiError(502, "The inference engine stopped in the middle of the stream.", "bad_gateway",
-                    "stream_interrupted")
+    return ApiError(
+        502, "The inference engine stopped in the middle of the stream.", "bad_gateway", "stream_interrupted"
+    )
 
 
 def upstream(code: str, retry_after: int) -> ApiError:
@@ -155,14 +190,23 @@ def not_found(method: str, path: str) -> ApiError:
 
 
 def method_not_allowed(method: str, path: str, allow: str) -> ApiError:
-    return ApiErrorWithHeaders(405, f"Method {method[:20]} is not allowed on {path}; use {allow}.",
-                               "invalid_request_error", "method_not_allowed", extra=((b"allow", allow.encode()),))
+    return ApiErrorWithHeaders(
+        405,
+        f"Method {method[:20]} is not allowed on {path}; use {allow}.",
+        "invalid_request_error",
+        "method_not_allowed",
+        extra=((b"allow", allow.encode()),),
+    )
 
 
 def upgrade_refused() -> ApiError:
     # 400, not 426: 426 asks the client to switch protocols, the opposite of what is meant here.
-    return ApiError(400, "Protocol upgrades (Upgrade header) are not supported here.", "invalid_request_error",
-                    "upgrade_not_supported")
+    return ApiError(
+        400,
+        "Protocol upgrades (Upgrade header) are not supported here.",
+        "invalid_request_error",
+        "upgrade_not_supported",
+    )
 
 
 def invalid_parameter(param: str, message: str) -> ApiError:
@@ -170,25 +214,44 @@ def invalid_parameter(param: str, message: str) -> ApiError:
 
 
 def parameter_too_large(param: str, asked: int, cap: int) -> ApiError:
-    return ApiError(400, f"{param}={asked} exceeds this service's limit of {cap}.", "invalid_request_error",
-                    "parameter_too_large", param=param)
+    return ApiError(
+        400,
+        f"{param}={asked} exceeds this service's limit of {cap}.",
+        "invalid_request_error",
+        "parameter_too_large",
+        param=param,
+    )
 
 
 def invalid_role(role: object, allowed: str) -> ApiError:
     shown = role[:40] if isinstance(role, str) else type(role).__name__
-    return ApiError(400, f"Message role {shown!r} is not one of {allowed}.", "invalid_request_error",
-                    "invalid_role", param="messages")
+    return ApiError(
+        400,
+        f"Message role {shown!r} is not one of {allowed}.",
+        "invalid_request_error",
+        "invalid_role",
+        param="messages",
+    )
 
 
 def bodies_over_budget(retry_after: int) -> ApiError:
-    return ApiError(503, "Too many request bodies are held at once; retry shortly.", "service_unavailable",
-                    "bodies_over_budget", retry_after=retry_after)
+    return ApiError(
+        503,
+        "Too many request bodies are held at once; retry shortly.",
+        "service_unavailable",
+        "bodies_over_budget",
+        retry_after=retry_after,
+    )
 
 
 # Written by the HTTP protocol itself (front_end.py), before any request object exists.
 def header_too_large(limit: int) -> ApiError:
-    return ApiError(431, f"Request headers exceed {limit} bytes or the header count limit.",
-                    "invalid_request_error", "header_too_large")
+    return ApiError(
+        431,
+        f"Request headers exceed {limit} bytes or the header count limit.",
+        "invalid_request_error",
+        "header_too_large",
+    )
 
 
 def request_line_too_long(limit: int) -> ApiError:
@@ -196,13 +259,19 @@ def request_line_too_long(limit: int) -> ApiError:
 
 
 def too_many_connections(retry_after: int) -> ApiError:
-    return ApiError(503, "Too many open connections; retry shortly.", "service_unavailable",
-                    "too_many_connections", retry_after=retry_after)
+    return ApiError(
+        503,
+        "Too many open connections; retry shortly.",
+        "service_unavailable",
+        "too_many_connections",
+        retry_after=retry_after,
+    )
 
 
 def header_timeout(seconds: float) -> ApiError:
-    return ApiError(408, f"The request head did not arrive within {seconds:g} s.", "invalid_request_error",
-                    "header_timeout")
+    return ApiError(
+        408, f"The request head did not arrive within {seconds:g} s.", "invalid_request_error", "header_timeout"
+    )
 
 
 def write_timeout(seconds: float) -> ApiError:
@@ -211,6 +280,17 @@ def write_timeout(seconds: float) -> ApiError:
 
 
 # Every code above in this block: the metric reasons the front end adds to palmyra_rejections_total.
-FRONT_END_CODES = ("not_found", "method_not_allowed", "upgrade_not_supported", "invalid_parameter",
-                   "parameter_too_large", "invalid_role", "bodies_over_budget", "header_too_large", "uri_too_long",
-                   "too_many_connections", "header_timeout", "write_timeout")
+FRONT_END_CODES = (
+    "not_found",
+    "method_not_allowed",
+    "upgrade_not_supported",
+    "invalid_parameter",
+    "parameter_too_large",
+    "invalid_role",
+    "bodies_over_budget",
+    "header_too_large",
+    "uri_too_long",
+    "too_many_connections",
+    "header_timeout",
+    "write_timeout",
+)

@@ -12,10 +12,10 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
 - Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
   before any parsing.
 - A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
-  the transport calls pause_writing() soon after its client stops reading; if resume_writing() does not follow within write_timeout_s, the transport is
-  aborted. uvicorn then reports the disconnect to the app, whose watcher cancels the relay, which
-  closes the engine connection, which makes vLLM abort the generation. Nothing runs per chunk:
-  one timer per pause.
+  the transport calls pause_writing() soon after its client stops reading; if resume_writing()
+  does not follow within write_timeout_s, the transport is aborted. uvicorn then reports the
+  disconnect to the app, whose watcher cancels the relay, which closes the engine connection,
+  which makes vLLM abort the generation. Nothing runs per chunk: one timer per pause.
 - Upgrade: refused with 400 (see errors.upgrade_refused); this service speaks HTTP/1.1 only, and
   llhttp stops parsing at an upgrade, which would leave a body unframed.
 After a refusal, or a response sent before the request's body was read (401, 404, 413, ...), the
@@ -46,8 +46,12 @@ TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
 def raw_response(exc: errors.ApiError) -> bytes:
     """A complete HTTP/1.1 response for an error the protocol itself answers (no ASGI cycle)."""
     body = exc.body()
-    head = [STATUS_LINE[exc.status], b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+    head = [
+        STATUS_LINE[exc.status],
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+    ]
     if exc.retry_after is not None:
         head.append(b"retry-after: %d\r\n" % exc.retry_after)
     return b"".join(head) + b"\r\n" + body
@@ -253,9 +257,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def bounded_protocol(settings: Settings, metrics: SidecarMetrics | None) -> type[BoundedHttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, with these settings' limits."""
     attrs = {
-        "settings": settings, "metrics": metrics, "max_connections": settings.max_connections,
-        "max_head": settings.max_header_bytes, "max_line": settings.max_request_line_bytes,
-        "max_fields": settings.max_header_count, "header_timeout_s": settings.header_timeout_s,
+        "settings": settings,
+        "metrics": metrics,
+        "max_connections": settings.max_connections,
+        "max_head": settings.max_header_bytes,
+        "max_line": settings.max_request_line_bytes,
+        "max_fields": settings.max_header_count,
+        "header_timeout_s": settings.header_timeout_s,
         "write_timeout_s": settings.write_timeout_s,
         "busy": raw_response(errors.too_many_connections(settings.retry_after_s)),
         "head_too_large": errors.header_too_large(settings.max_header_bytes),

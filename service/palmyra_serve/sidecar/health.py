@@ -23,8 +23,9 @@ from palmyra_serve.sidecar.upstream import EngineClient
 
 
 class HealthState:
-    def __init__(self, metrics: SidecarMetrics, liveness_budget_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, metrics: SidecarMetrics, liveness_budget_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.metrics = metrics
         self.budget = liveness_budget_s
         self.clock = clock
@@ -97,8 +98,9 @@ class HealthState:
         return status == "ok", {"status": status, "detail": detail, "engine_health": self.engine_status}
 
     def readiness(self) -> tuple[bool, dict]:
-        ready = (self.phase == "ready" and not self.draining and self.engine_status == "ok"
-                 and self.relay_failure is None)
+        ready = (
+            self.phase == "ready" and not self.draining and self.engine_status == "ok" and self.relay_failure is None
+        )
         body = {
             "ready": ready,
             "phase": self.phase,

@@ -53,15 +53,27 @@ def terms(settings: Settings) -> list[Term]:
     head = 2 * settings.max_header_bytes + settings.max_header_count * HEADER_FIELD_BYTES + CONNECTION_OVERHEAD_BYTES
     return [
         Term("process at rest (Python, uvicorn, FastAPI, metrics)", 1, BASE_BYTES),
-        Term("request bodies: (max_in_flight + max_queue) x max_body_bytes",
-             settings.max_in_flight + settings.max_queue, settings.max_body_bytes),
+        Term(
+            "request bodies: (max_in_flight + max_queue) x max_body_bytes",
+            settings.max_in_flight + settings.max_queue,
+            settings.max_body_bytes,
+        ),
         Term("the body being parsed for the cost check", 1, PARSE_EXPANSION * settings.max_body_bytes),
-        Term("open connections: max_connections x (2 x max_header_bytes + fields + overhead)",
-             settings.max_connections, head),
-        Term("kernel socket buffers: max_connections x (receive buffer + unsent queue)",
-             settings.max_connections, SOCKET_BUFFER_BYTES),
-        Term("relay buffers: max_in_flight x (client write buffer + engine read)",
-             settings.max_in_flight, IN_FLIGHT_BUFFER_BYTES),
+        Term(
+            "open connections: max_connections x (2 x max_header_bytes + fields + overhead)",
+            settings.max_connections,
+            head,
+        ),
+        Term(
+            "kernel socket buffers: max_connections x (receive buffer + unsent queue)",
+            settings.max_connections,
+            SOCKET_BUFFER_BYTES,
+        ),
+        Term(
+            "relay buffers: max_in_flight x (client write buffer + engine read)",
+            settings.max_in_flight,
+            IN_FLIGHT_BUFFER_BYTES,
+        ),
     ]
 
 

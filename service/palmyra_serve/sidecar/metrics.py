@@ -37,46 +37,80 @@ class SidecarMetrics:
         disable_created_metrics()  # *_created series double the page and no dashboard reads them
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter("palmyra_requests", "Client requests relayed or answered, by route and HTTP status.",
-                                ["route", "status"], registry=r)
-        self.duration = Histogram("palmyra_request_duration_seconds", "End-to-end request duration seen by the client.",
-                                  ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("palmyra_time_to_first_token_seconds",
-                              "Time from request arrival to the first response body byte sent to the client.",
-                              ["route"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("palmyra_inter_token_latency_seconds",
-                             "Mean gap between the token events of one choice of a stream (one observation per stream).",
-                             ["route"], buckets=ITL_BUCKETS, registry=r)
-        self.output_tokens = Counter("palmyra_output_tokens",
-                                     "Generated tokens relayed (engine usage when reported, else text-bearing stream events).",
-                                     ["route"], registry=r)
-        self.prompt_tokens = Counter("palmyra_prompt_tokens", "Prompt tokens, from the engine's usage reports.",
-                                     ["route"], registry=r)
+        self.requests = Counter(
+            "palmyra_requests",
+            "Client requests relayed or answered, by route and HTTP status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "palmyra_request_duration_seconds",
+            "End-to-end request duration seen by the client.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "palmyra_time_to_first_token_seconds",
+            "Time from request arrival to the first response body byte sent to the client.",
+            ["route"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "palmyra_inter_token_latency_seconds",
+            "Mean gap between the token events of one choice of a stream (one observation per stream).",
+            ["route"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "palmyra_output_tokens",
+            "Generated tokens relayed (engine usage when reported, else text-bearing stream events).",
+            ["route"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "palmyra_prompt_tokens", "Prompt tokens, from the engine's usage reports.", ["route"], registry=r
+        )
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
         # What one replica admits to the engine at once (today max_in_flight, later an adaptive
         # limit): the autoscaler divides demand by it (docs/autoscaling.md).
-        self.concurrency_limit = Gauge("palmyra_concurrency_limit",
-                                       "Requests this replica admits to the engine at once.", registry=r)
-        self.rejections = Counter("palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"],
-                                  registry=r)
-        self.upstream_errors = Counter("palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"],
-                                       registry=r)
-        self.ready = Gauge("palmyra_ready", "1 when this replica is ready for traffic (warmup done, engine answers).",
-                           registry=r)
-        self.engine_live = Gauge("palmyra_engine_live", "1 while the engine is judged alive (not dead, not hung).",
-                                 registry=r)
-        self.phase = Gauge("palmyra_warmup_phase", "1 for the current readiness phase, 0 for the others.", ["phase"],
-                           registry=r)
-        self.warmup_duration = Gauge("palmyra_warmup_duration_seconds", "Duration of the last successful warmup.",
-                                     registry=r)
+        self.concurrency_limit = Gauge(
+            "palmyra_concurrency_limit", "Requests this replica admits to the engine at once.", registry=r
+        )
+        self.rejections = Counter(
+            "palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"], registry=r
+        )
+        self.ready = Gauge(
+            "palmyra_ready", "1 when this replica is ready for traffic (warmup done, engine answers).", registry=r
+        )
+        self.engine_live = Gauge(
+            "palmyra_engine_live", "1 while the engine is judged alive (not dead, not hung).", registry=r
+        )
+        self.phase = Gauge(
+            "palmyra_warmup_phase", "1 for the current readiness phase, 0 for the others.", ["phase"], registry=r
+        )
+        self.warmup_duration = Gauge(
+            "palmyra_warmup_duration_seconds", "Duration of the last successful warmup.", registry=r
+        )
         self.warmup_runs = Counter("palmyra_warmup_runs", "Warmup attempts by outcome.", ["outcome"], registry=r)
-        self.canary_latency = Histogram("palmyra_canary_latency_seconds", "Latency of the idle one-token canary.",
-                                        buckets=LATENCY_BUCKETS, registry=r)
-        self.canary_failures = Counter("palmyra_canary_failures", "Canary generations that failed or timed out.",
-                                       registry=r)
-        self.stand_in = Gauge("palmyra_stand_in_weights", "1 when the engine serves random stand-in weights.",
-                              registry=r)
+        self.canary_latency = Histogram(
+            "palmyra_canary_latency_seconds",
+            "Latency of the idle one-token canary.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.canary_failures = Counter(
+            "palmyra_canary_failures", "Canary generations that failed or timed out.", registry=r
+        )
+        self.stand_in = Gauge(
+            "palmyra_stand_in_weights", "1 when the engine serves random stand-in weights.", registry=r
+        )
         Gauge("palmyra_build_info", "palmyra-serve version.", ["version"], registry=r).labels(__version__).set(1)
 
         # Pre-create every child so each series exists from the first scrape and the hot path does

@@ -16,10 +16,18 @@ from fastapi.openapi.utils import get_openapi
 _ERROR = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type"],
-                             "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                                            "param": {"type": ["string", "null"]},
-                                            "code": {"type": ["string", "integer", "null"]}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer", "null"]},
+            },
+        }
+    },
 }
 _COMMON = {
     "model": {"type": "string"},
@@ -33,48 +41,87 @@ _COMMON = {
     "logprobs": {},
 }
 _COMPLETION = {
-    "type": "object", "required": ["model", "prompt"],
+    "type": "object",
+    "required": ["model", "prompt"],
     "properties": {**_COMMON, "prompt": {"anyOf": [{"type": "string"}, {"type": "array"}]}},
 }
 _CHAT = {
-    "type": "object", "required": ["model", "messages"],
-    "properties": {**_COMMON, "messages": {"type": "array", "items": {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}}}}},
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        **_COMMON,
+        "messages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}},
+            },
+        },
+    },
 }
 
-_TOKENIZE = {"type": "object", "required": ["model"],
-             "properties": {"model": {"type": "string"}, "prompt": {"type": "string"}, "messages": {"type": "array"}}}
-_DETOKENIZE = {"type": "object", "required": ["model", "tokens"],
-               "properties": {"model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}}}
+_TOKENIZE = {
+    "type": "object",
+    "required": ["model"],
+    "properties": {"model": {"type": "string"}, "prompt": {"type": "string"}, "messages": {"type": "array"}},
+}
+_DETOKENIZE = {
+    "type": "object",
+    "required": ["model", "tokens"],
+    "properties": {"model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}},
+}
 
 
 def _responses(ok: str) -> dict[str, Any]:
     err = {"content": {"application/json": {"schema": _ERROR}}}
-    out: dict[str, Any] = {"200": {"description": ok, "content": {"application/json": {"schema": {"type": "object"}},
-                                                                  "text/event-stream": {"schema": {"type": "string"}}}}}
-    for code, what in (("400", "Invalid request, or over a cost cap (max_tokens, n, logprobs, prompts, roles)"),
-                       ("401", "Missing or wrong API key"), ("404", "Unknown model"),
-                       ("405", "Wrong method for this path (Allow)"), ("408", "Body not received in time"),
-                       ("413", "Body too large"), ("414", "Request line too long"),
-                       ("429", "At capacity (Retry-After)"), ("431", "Request headers too large or too many"),
-                       ("503", "Draining, engine unavailable or too many connections (Retry-After)"),
-                       ("504", "Engine timeout")):
+    out: dict[str, Any] = {
+        "200": {
+            "description": ok,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
+    for code, what in (
+        ("400", "Invalid request, or over a cost cap (max_tokens, n, logprobs, prompts, roles)"),
+        ("401", "Missing or wrong API key"),
+        ("404", "Unknown model"),
+        ("405", "Wrong method for this path (Allow)"),
+        ("408", "Body not received in time"),
+        ("413", "Body too large"),
+        ("414", "Request line too long"),
+        ("429", "At capacity (Retry-After)"),
+        ("431", "Request headers too large or too many"),
+        ("503", "Draining, engine unavailable or too many connections (Retry-After)"),
+        ("504", "Engine timeout"),
+    ):
         out[code] = {"description": what, **err}
     return out
 
 
 def _post(summary: str, schema: dict) -> dict:
-    return {"post": {"summary": summary, "tags": ["relayed to the engine"],
-                     "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
-                     "responses": _responses(summary)}}
+    return {
+        "post": {
+            "summary": summary,
+            "tags": ["relayed to the engine"],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+            "responses": _responses(summary),
+        }
+    }
 
 
 PROXIED_PATHS = {
     "/v1/completions": _post("Text completion (streaming with stream=true)", _COMPLETION),
     "/v1/chat/completions": _post("Chat completion (streaming with stream=true)", _CHAT),
-    "/v1/models": {"get": {"summary": "Served models", "tags": ["relayed to the engine"],
-                           "responses": _responses("The model list")}},
+    "/v1/models": {
+        "get": {
+            "summary": "Served models",
+            "tags": ["relayed to the engine"],
+            "responses": _responses("The model list"),
+        }
+    },
     "/tokenize": _post("Token ids of a prompt or chat (vLLM's; to fit max_tokens within max-model-len)", _TOKENIZE),
     "/detokenize": _post("Text of token ids (vLLM's)", _DETOKENIZE),
 }

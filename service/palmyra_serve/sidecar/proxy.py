@@ -34,12 +34,40 @@ from palmyra_serve.sidecar.sse import SseAccount
 # Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
 # Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
 # writes itself, and the client's key. Upgrade never gets here: the front end refuses it.
-DROP_REQUEST = frozenset({b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
-                          b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host",
-                          b"content-length", b"authorization", b"x-request-id", b"expect"})
+DROP_REQUEST = frozenset(
+    {
+        b"connection",
+        b"proxy-connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"authorization",
+        b"x-request-id",
+        b"expect",
+    }
+)
 # Not relayed back: hop-by-hop headers (RFC 9110 7.6.1), and the ones uvicorn writes itself.
-DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
-                           b"upgrade", b"trailer", b"date", b"server", b"x-request-id", b"proxy-authenticate"})
+DROP_RESPONSE = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"upgrade",
+        b"trailer",
+        b"date",
+        b"server",
+        b"x-request-id",
+        b"proxy-authenticate",
+    }
+)
 SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 # An engine error body is read whole to reshape it; a non-streamed generation's to read its usage.
 MAX_ERROR_BODY = 1024 * 1024
@@ -60,8 +88,9 @@ def request_id_from(raw: bytes | None) -> str:
 
 
 class Proxy:
-    def __init__(self, settings: Settings, metrics: SidecarMetrics, admission: Admission, keys: ApiKeys,
-                 state: HealthState) -> None:
+    def __init__(
+        self, settings: Settings, metrics: SidecarMetrics, admission: Admission, keys: ApiKeys, state: HealthState
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
@@ -74,8 +103,9 @@ class Proxy:
         # admission, so without this cap max_connections slow uploads could each hold a full body.
         self.body_budget = body_budget(settings)
         self.body_held = 0
-        self.cost_limits = CostLimits(settings.max_tokens_cap or settings.max_model_len, settings.max_choices,
-                                      settings.max_logprobs)
+        self.cost_limits = CostLimits(
+            settings.max_tokens_cap or settings.max_model_len, settings.max_choices, settings.max_logprobs
+        )
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
@@ -187,8 +217,18 @@ class Proxy:
         except errors.ApiError as exc:
             raise _reject(self.metrics, exc) from None
 
-    async def _relay(self, scope: dict, receive: Any, send: Any, route: str, body: bytes,
-                     fwd: list[tuple[bytes, bytes]], rid: str, record: dict, t0: float) -> int:
+    async def _relay(
+        self,
+        scope: dict,
+        receive: Any,
+        send: Any,
+        route: str,
+        body: bytes,
+        fwd: list[tuple[bytes, bytes]],
+        rid: str,
+        record: dict,
+        t0: float,
+    ) -> int:
         assert self.pool is not None
         fwd.append((b"x-request-id", rid.encode()))
         if self.engine_auth:
@@ -228,8 +268,9 @@ class Proxy:
             self.state.report_engine_failure(code)
         return errors.upstream(code, self.settings.retry_after_s)
 
-    async def _open(self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes,
-                    record: dict) -> EngineResponse:
+    async def _open(
+        self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes, record: dict
+    ) -> EngineResponse:
         assert self.pool is not None
         try:
             return await self.pool.request(method, target, fwd, body)
@@ -261,8 +302,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": body})
         return resp.status
 
-    async def _stream(self, send: Any, route: str, resp: EngineResponse, rid: str,
-                      record: dict, t0: float) -> int:
+    async def _stream(self, send: Any, route: str, resp: EngineResponse, rid: str, record: dict, t0: float) -> int:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
@@ -303,8 +343,16 @@ class Proxy:
         self._account(route, resp.status, first, t0, account, kept, record)
         return resp.status
 
-    def _account(self, route: str, status: int, first: float, t0: float, account: SseAccount | None,
-                 kept: list[bytes] | None, record: dict) -> None:
+    def _account(
+        self,
+        route: str,
+        status: int,
+        first: float,
+        t0: float,
+        account: SseAccount | None,
+        kept: list[bytes] | None,
+        record: dict,
+    ) -> None:
         if first:
             self.metrics.ttft.labels(route).observe(first - t0)
             record["ttft_ms"] = round((first - t0) * 1000, 2)
@@ -367,10 +415,12 @@ def _closing_connection(send: Any) -> Any:
     """While draining, every response says `Connection: close` (uvicorn then closes the
     connection after it): a client on a kept-alive connection, which kube-proxy and most
     connection pools keep pinned to this pod, reconnects and is routed to a replica that stays."""
+
     async def send_closing(message: dict) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
         await send(message)
+
     return send_closing
 
 

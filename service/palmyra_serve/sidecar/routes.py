@@ -32,8 +32,9 @@ class Route:
 
 RELAYED: dict[str, Route] = {
     "/v1/completions": Route("completions", frozenset({"POST"}), b"/v1/completions", generates=True),
-    "/v1/chat/completions": Route("chat_completions", frozenset({"POST"}), b"/v1/chat/completions",
-                                  generates=True, chat=True),
+    "/v1/chat/completions": Route(
+        "chat_completions", frozenset({"POST"}), b"/v1/chat/completions", generates=True, chat=True
+    ),
     "/v1/models": Route("models", frozenset({"GET"}), b"/v1/models", generates=False),
     # Not OpenAI's, but how a client learns a prompt's length in tokens, which it needs to pick a
     # max_tokens within max-model-len (the cap request_cost.py enforces). No generation; the body
@@ -44,8 +45,18 @@ RELAYED: dict[str, Route] = {
 
 # Answered by the sidecar's own control app (FastAPI): health, readiness, metrics, the API document.
 # `/engine/metrics` is the engine's own metrics relayed on the sidecar's port (issue 14, item 1).
-CONTROL_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics",
-                           "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+CONTROL_PATHS = frozenset(
+    {
+        "/health",
+        "/health/sidecar",
+        "/ready",
+        "/metrics",
+        "/engine/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/openapi.json",
+    }
+)
 
 GENERATION_ROUTES = frozenset(r.label for r in RELAYED.values() if r.generates)
 OTHER = "other"  # refused requests that match no route

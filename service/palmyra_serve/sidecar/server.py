@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
@@ -31,7 +32,7 @@ class DrainingServer(uvicorn.Server):
         self._draining: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
@@ -62,11 +63,19 @@ def serve(settings: Settings) -> None:
         log.error("refusing to start: %s", exc)
         raise SystemExit(2) from None
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop",
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
         http=bounded_protocol(settings, app.sidecar.metrics),  # httptools, bounded (front_end.py)
-        ws="none", lifespan="on",
-        access_log=False, log_config=None, server_header=False, backlog=2048,
+        ws="none",
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        backlog=2048,
         proxy_headers=False,  # nothing here reads the client address; saves a middleware per request
-        timeout_keep_alive=30, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
     )
     DrainingServer(config, app).run()

@@ -6,12 +6,12 @@ event), so the unfinished tail of one read is kept and completed by the next. Ev
 apart by their blank line, never by searching for `data: `: generated text may contain it, and
 JSON escapes every newline inside a string, so a blank line only ever ends an event.
 
-Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object (the engine sends one when the request set
-`stream_options.include_usage`, on every event with `continuous_usage_stats`) is kept, the last
-one winning; every choice in `choices` that carries generated text (completions' `text`, chat's
-`delta.content`, reasoning or tool calls) counts one token event for its `index`, so `n>1`
-streams count each choice. Chat's opening role-only delta and the final empty delta that carries
-`finish_reason` carry no text and do not count.
+Per event: `[DONE]` ends the stream; an `error` object marks the stream failed; a `usage` object
+(the engine sends one when the request set `stream_options.include_usage`, on every event with
+`continuous_usage_stats`) is kept, the last one winning; every choice in `choices` that carries
+generated text (completions' `text`, chat's `delta.content`, reasoning or tool calls) counts one
+token event for its `index`, so `n>1` streams count each choice. Chat's opening role-only delta
+and the final empty delta that carries `finish_reason` carry no text and do not count.
 
 Cost: one bytes search per read for the last event boundary and one orjson parse per event
 (measured in tests/unit/test_sse.py's benchmark and reported in docs/reliability.md).
@@ -30,8 +30,19 @@ DONE = b"[DONE]"
 
 
 class SseAccount:
-    __slots__ = ("_tail", "done", "error", "events", "first_token", "last_token", "overflow", "per_choice",
-                 "token_events", "unparsed", "usage")
+    __slots__ = (
+        "_tail",
+        "done",
+        "error",
+        "events",
+        "first_token",
+        "last_token",
+        "overflow",
+        "per_choice",
+        "token_events",
+        "unparsed",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self._tail = b""
@@ -77,7 +88,7 @@ class SseAccount:
                     self.overflow = True
                     self._tail = b""
                 return
-            self._tail = data[end + 2:]
+            self._tail = data[end + 2 :]
             if end == 0:
                 return
             complete = data[:end]
@@ -97,8 +108,9 @@ class SseAccount:
             if events:
                 body = complete[6:-2] if done else complete[6:]
                 try:
-                    payloads = orjson.loads(b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators
-                                            else b"[" + body + b"]")
+                    payloads = orjson.loads(
+                        b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
+                    )
                 except orjson.JSONDecodeError:
                     payloads = None  # one of them is not JSON: find which, event by event
                 if payloads is not None and len(payloads) == events:
@@ -117,6 +129,7 @@ class SseAccount:
                 self._event(block, now)
 
     def _event(self, block: bytes, now: float) -> None:
+        data: bytes | None
         if block.startswith(b"data: ") and b"\n" not in block:
             data = block[6:]  # the usual shape: one data line
         else:
@@ -230,5 +243,6 @@ def _carries_text(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     if not isinstance(delta, dict):
         return False
-    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                or delta.get("tool_calls"))
+    return bool(
+        delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
+    )

@@ -58,8 +58,9 @@ class EngineClient:
     async def health(self, timeout_s: float) -> tuple[bool, str]:
         """(ok, status word): ok / refused / timeout / http_<code>."""
         try:
-            async with self.session.get(f"{self.base_url}/health",
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with self.session.get(
+                f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
                 await resp.read()
                 return resp.status == 200, "ok" if resp.status == 200 else f"http_{resp.status}"
         except TimeoutError:
@@ -75,8 +76,11 @@ class EngineClient:
         Raises TimeoutError, aiohttp.ClientConnectorError (not reachable), aiohttp.ClientError,
         or PageTooLarge."""
         async with asyncio.timeout(timeout_s):
-            async with self.session.get(f"{self.base_url}/metrics", headers={**self.headers, **headers},
-                                        timeout=aiohttp.ClientTimeout(total=None)) as resp:
+            async with self.session.get(
+                f"{self.base_url}/metrics",
+                headers={**self.headers, **headers},
+                timeout=aiohttp.ClientTimeout(total=None),
+            ) as resp:
                 parts: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_any():
@@ -84,12 +88,17 @@ class EngineClient:
                     if size > max_bytes:
                         raise PageTooLarge(f"the engine's /metrics page exceeds {max_bytes} bytes")
                     parts.append(chunk)
-                return EnginePage(resp.status, resp.headers.get("Content-Type", "text/plain"),
-                                  resp.headers.get("Content-Encoding"), b"".join(parts))
+                return EnginePage(
+                    resp.status,
+                    resp.headers.get("Content-Type", "text/plain"),
+                    resp.headers.get("Content-Encoding"),
+                    b"".join(parts),
+                )
 
     async def models(self, timeout_s: float) -> list[dict[str, Any]]:
-        async with self.session.get(f"{self.base_url}/v1/models", headers=self.headers,
-                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with self.session.get(
+            f"{self.base_url}/v1/models", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
             body = await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"/v1/models answered {resp.status}: {body[:200]!r}")
@@ -99,8 +108,12 @@ class EngineClient:
         """One generation; for stream=True the whole stream is read and must end with [DONE]."""
         t0 = time.monotonic()
         try:
-            async with self.session.post(f"{self.base_url}{route}", json=payload, headers=self.headers,
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with self.session.post(
+                f"{self.base_url}{route}",
+                json=payload,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
                 body = await resp.read()
                 took = time.monotonic() - t0
                 if resp.status != 200:

@@ -47,12 +47,23 @@ def warmup_plan(settings: Settings, max_model_len: int) -> list[tuple[str, str, 
 
     def completion(n: int, stream: bool) -> Callable[[], dict]:
         # Token ids, not text: the prompt length is exact whatever the tokenizer does with text.
-        return lambda: {"model": model, "prompt": [PROBE_TOKEN] * n, "max_tokens": WARMUP_MAX_TOKENS,
-                        "temperature": 0.0, "stream": stream, "ignore_eos": True}
+        return lambda: {
+            "model": model,
+            "prompt": [PROBE_TOKEN] * n,
+            "max_tokens": WARMUP_MAX_TOKENS,
+            "temperature": 0.0,
+            "stream": stream,
+            "ignore_eos": True,
+        }
 
     def chat(stream: bool) -> Callable[[], dict]:
-        return lambda: {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
-                        "max_tokens": WARMUP_MAX_TOKENS, "temperature": 0.0, "stream": stream}
+        return lambda: {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": WARMUP_MAX_TOKENS,
+            "temperature": 0.0,
+            "stream": stream,
+        }
 
     plan = []
     for i, n in enumerate(lengths):
@@ -66,8 +77,14 @@ def warmup_plan(settings: Settings, max_model_len: int) -> list[tuple[str, str, 
 class Supervisor:
     """Owns the readiness phase: wait for the engine, warm it up, watch it, start over when it falters."""
 
-    def __init__(self, settings: Settings, state: HealthState, engine: EngineClient, metrics: SidecarMetrics,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        state: HealthState,
+        engine: EngineClient,
+        metrics: SidecarMetrics,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.settings = settings
         self.state = state
         self.engine = engine
@@ -97,9 +114,11 @@ class Supervisor:
                         self.state.weights = weights_kind(entry.get("root"))
                         self.metrics.stand_in.set(1 if self.state.weights == "random-stand-in" else 0)
                         return int(entry.get("max_model_len") or self.settings.max_model_len)
-                    self._not_yet(f"engine does not serve {self.settings.served_model_name!r}",
-                                  f"it serves {[m.get('id') for m in models]}")
-                except Exception as exc:  # noqa: BLE001  (any failure here just means: not yet)
+                    self._not_yet(
+                        f"engine does not serve {self.settings.served_model_name!r}",
+                        f"it serves {[m.get('id') for m in models]}",
+                    )
+                except Exception as exc:  # any failure here just means: not yet
                     self._not_yet("engine /v1/models unreadable", f"{type(exc).__name__}: {exc}")
             await self.sleep(self.settings.health_poll_interval_s)
 
@@ -122,8 +141,9 @@ class Supervisor:
                 return False
         if burst > 1:
             _, route, payload = plan[0]
-            results = await asyncio.gather(*(self.engine.generate(route, payload(), self.request_timeout_s)
-                                             for _ in range(burst)))
+            results = await asyncio.gather(
+                *(self.engine.generate(route, payload(), self.request_timeout_s) for _ in range(burst))
+            )
             failed = next((r for r in results if not r.ok), None)
             if not self._step_ok(f"burst of {burst}", failed or results[0]):
                 return False
@@ -133,8 +153,12 @@ class Supervisor:
         self.metrics.warmup_runs.labels("success").inc()
         self.state.last_error = None
         self.state.set_phase("ready")
-        log.info("warmup done", extra={"fields": {"seconds": round(took, 2), "steps": self.state.progress_total,
-                                                   "weights": self.state.weights}})
+        log.info(
+            "warmup done",
+            extra={
+                "fields": {"seconds": round(took, 2), "steps": self.state.progress_total, "weights": self.state.weights}
+            },
+        )
         return True
 
     def _step_ok(self, name: str, result: GenerationResult) -> bool:
@@ -162,8 +186,12 @@ class Supervisor:
                 continue
             result = await self.engine.generate(
                 "/v1/completions",
-                {"model": self.settings.served_model_name, "prompt": [PROBE_TOKEN], "max_tokens": 1,
-                 "temperature": 0.0},
+                {
+                    "model": self.settings.served_model_name,
+                    "prompt": [PROBE_TOKEN],
+                    "max_tokens": 1,
+                    "temperature": 0.0,
+                },
                 self.settings.canary_timeout_s,
             )
             self.state.record_generation(result.ok)

@@ -105,9 +105,18 @@ def _divergence(pos: int, ref: Reference, out: EndpointOutput) -> Divergence:
         gap = own - lp_ref
     elif own is not None and top:
         gap, bound = own - min(top.values()), True
-    return Divergence(position=pos, reference_token=rtok, endpoint_token=etok, ref_logit_std=ref.std(pos),
-                      ref_top2_margin=l1 - l2, ref_flip_margin=flip, endpoint_logprob_own=own,
-                      endpoint_logprob_ref=lp_ref, endpoint_gap=gap, endpoint_gap_is_lower_bound=bound)
+    return Divergence(
+        position=pos,
+        reference_token=rtok,
+        endpoint_token=etok,
+        ref_logit_std=ref.std(pos),
+        ref_top2_margin=l1 - l2,
+        ref_flip_margin=flip,
+        endpoint_logprob_own=own,
+        endpoint_logprob_ref=lp_ref,
+        endpoint_gap=gap,
+        endpoint_gap_is_lower_bound=bound,
+    )
 
 
 def classify(div: Divergence | None, short: bool, near_tie: float) -> tuple[str, str]:
@@ -121,14 +130,18 @@ def classify(div: Divergence | None, short: bool, near_tie: float) -> tuple[str,
     if div.endpoint_token is None:
         return SUSPICIOUS, f"{where}: endpoint returned no token (or an unmappable one)"
     if div.ref_flip_margin is None or not math.isfinite(div.ref_flip_margin) or div.ref_flip_margin > limit:
-        return SUSPICIOUS, (f"{where}: reference prefers its token by {div.ref_flip_margin:.4g} logits "
-                            f"> {near_tie:g} std ({limit:.4g})")
+        return SUSPICIOUS, (
+            f"{where}: reference prefers its token by {div.ref_flip_margin:.4g} logits > {near_tie:g} std ({limit:.4g})"
+        )
     if div.endpoint_gap is not None and div.endpoint_gap > limit:
         kind = "at least " if div.endpoint_gap_is_lower_bound else ""
-        return SUSPICIOUS, (f"{where}: endpoint prefers its token by {kind}{div.endpoint_gap:.4g} logprob "
-                            f"> {near_tie:g} std ({limit:.4g})")
-    return NEAR_TIE, (f"{where}: reference margin {div.ref_flip_margin:.3g} <= {near_tie:g} std "
-                      f"({limit:.3g}); a rounding-level tie")
+        return SUSPICIOUS, (
+            f"{where}: endpoint prefers its token by {kind}{div.endpoint_gap:.4g} logprob "
+            f"> {near_tie:g} std ({limit:.4g})"
+        )
+    return NEAR_TIE, (
+        f"{where}: reference margin {div.ref_flip_margin:.3g} <= {near_tie:g} std ({limit:.3g}); a rounding-level tie"
+    )
 
 
 def logit_noise(ref: Reference, out: EndpointOutput, upto: int) -> list[float]:
@@ -144,8 +157,9 @@ def logit_noise(ref: Reference, out: EndpointOutput, upto: int) -> list[float]:
     return res
 
 
-def compare(name: str, prompt: str, prompt_tokens: int, ref: Reference, out: EndpointOutput,
-            near_tie: float = DEFAULT_NEAR_TIE) -> PromptResult:
+def compare(
+    name: str, prompt: str, prompt_tokens: int, ref: Reference, out: EndpointOutput, near_tie: float = DEFAULT_NEAR_TIE
+) -> PromptResult:
     n = len(ref.tokens)
     got = out.tokens[:n]
     matches = sum(1 for i, t in enumerate(got) if t == ref.tokens[i])
@@ -155,12 +169,21 @@ def compare(name: str, prompt: str, prompt_tokens: int, ref: Reference, out: End
     verdict, reason = classify(div, short, near_tie)
     if first_div is None and short:
         first_div = len(got)
-    return PromptResult(name=name, prompt=prompt, prompt_tokens=prompt_tokens, n_tokens=n,
-                        reference_tokens=list(ref.tokens), endpoint_tokens=list(got),
-                        first_token_match=bool(got) and got[0] == ref.tokens[0],
-                        match_rate=matches / n if n else math.nan, first_divergence=first_div,
-                        divergence=div, verdict=verdict, reason=reason,
-                        noise=logit_noise(ref, out, first_div if first_div is not None else n))
+    return PromptResult(
+        name=name,
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        n_tokens=n,
+        reference_tokens=list(ref.tokens),
+        endpoint_tokens=list(got),
+        first_token_match=bool(got) and got[0] == ref.tokens[0],
+        match_rate=matches / n if n else math.nan,
+        first_divergence=first_div,
+        divergence=div,
+        verdict=verdict,
+        reason=reason,
+        noise=logit_noise(ref, out, first_div if first_div is not None else n),
+    )
 
 
 def summary(results: list[PromptResult], near_tie: float = DEFAULT_NEAR_TIE) -> dict:
@@ -175,6 +198,10 @@ def summary(results: list[PromptResult], near_tie: float = DEFAULT_NEAR_TIE) -> 
         "mean_match_rate": sum(r.match_rate for r in results) / n if n else math.nan,
         "verdicts": counts,
         "suspicious": counts[SUSPICIOUS] > 0 or noisy,
-        "logit_noise_std": {"rms": rms, "max": max((abs(x) for x in noise), default=None), "n": len(noise),
-                            "too_high": noisy},
+        "logit_noise_std": {
+            "rms": rms,
+            "max": max((abs(x) for x in noise), default=None),
+            "n": len(noise),
+            "too_high": noisy,
+        },
     }

@@ -14,10 +14,17 @@ import json
 import os
 import platform
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    import httpx
 
 SCHEMA = "palmyra-bench/1"
+_T = TypeVar("_T")  # what a guarded request returns
 
 
 def _ints(text: str) -> list[int]:
@@ -34,25 +41,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8080", help="endpoint root (default %(default)s)")
     parser.add_argument("--model", default="palmyra-mini", help="served model name (default %(default)s)")
     parser.add_argument("--api-key", default=None, help="bearer key, when the endpoint wants one")
-    parser.add_argument("--input-lengths", type=_ints, default=_ints("128,512,1024,2048,4096,8192"),
-                        help="prompt lengths in tokens, capped at max_model_len - output tokens "
-                             "(default 128,512,1024,2048,4096,8192)")
+    parser.add_argument(
+        "--input-lengths",
+        type=_ints,
+        default=_ints("128,512,1024,2048,4096,8192"),
+        help="prompt lengths in tokens, capped at max_model_len - output tokens (default 128,512,1024,2048,4096,8192)",
+    )
     parser.add_argument("--output-tokens", type=int, default=64, help="tokens per request (default %(default)s)")
-    parser.add_argument("--concurrency", type=_ints, default=_ints("1,2,4,8,16"),
-                        help="concurrent streams for the throughput table (default 1,2,4,8,16)")
-    parser.add_argument("--throughput-input-length", type=int, default=128,
-                        help="prompt length for the throughput table (default %(default)s)")
+    parser.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=_ints("1,2,4,8,16"),
+        help="concurrent streams for the throughput table (default 1,2,4,8,16)",
+    )
+    parser.add_argument(
+        "--throughput-input-length",
+        type=int,
+        default=128,
+        help="prompt length for the throughput table (default %(default)s)",
+    )
     parser.add_argument("--repetitions", type=int, default=3, help="samples per point (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="requests sent first and not measured (default %(default)s)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="when /v1/models does not report max_model_len (default: ask, else 8192)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="requests sent first and not measured (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="when /v1/models does not report max_model_len (default: ask, else 8192)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token-id prompts")
     parser.add_argument("--timeout", type=float, default=900.0, help="per-request timeout in seconds")
     parser.add_argument("--out", default=None, help="directory for report.md, results.json and plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
-                        help="print a side-by-side table of two results.json files (B / A ratios) and exit")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        default=None,
+        help="print a side-by-side table of two results.json files (B / A ratios) and exit",
+    )
 
 
 def plan(input_lengths: list[int], output_tokens: int, max_model_len: int) -> list[int]:
@@ -90,8 +118,10 @@ def write(doc: dict, out: str | None) -> int:
         (out_dir / "report.md").write_text(md, encoding="utf-8")
         plots.latency_vs_length(doc, out_dir / "latency_vs_length.png")
         plots.throughput_vs_concurrency(doc, out_dir / "throughput_vs_concurrency.png")
-        print(f"wrote {out_dir}/report.md, results.json, latency_vs_length.png, throughput_vs_concurrency.png",
-              file=sys.stderr)
+        print(
+            f"wrote {out_dir}/report.md, results.json, latency_vs_length.png, throughput_vs_concurrency.png",
+            file=sys.stderr,
+        )
     return 1 if doc["errors"] else 0
 
 
@@ -114,15 +144,16 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_client(args: argparse.Namespace, max_concurrency: int):
+def make_client(args: argparse.Namespace, max_concurrency: int) -> httpx.AsyncClient:
     """The AsyncClient of a run: one connection per stream (tests swap this for a MockTransport)."""
     import httpx
 
     from palmyra_serve.tools.endpoint import headers
 
     limits = httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4)
-    return httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key),
-                             timeout=args.timeout, limits=limits)
+    return httpx.AsyncClient(
+        base_url=args.base_url.rstrip("/"), headers=headers(args.api_key), timeout=args.timeout, limits=limits
+    )
 
 
 async def _bench(args: argparse.Namespace) -> dict:
@@ -136,7 +167,7 @@ async def _bench(args: argparse.Namespace) -> dict:
     from palmyra_serve.tools.loadgen import prefill_once, stream_once
     from palmyra_serve.tools.prompts import RandomPrompts
 
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     conc = sorted(set(args.concurrency))
     async with make_client(args, max(conc)) as client:
         r = await client.get("/v1/models")
@@ -150,7 +181,7 @@ async def _bench(args: argparse.Namespace) -> dict:
         bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=args.no_progress)
         errors: list[str] = []
 
-        async def guarded(coro):
+        async def guarded(coro: Awaitable[_T]) -> _T | None:
             try:
                 return await coro
             except (httpx.HTTPError, ValueError, KeyError) as exc:  # EndpointError is a RuntimeError
@@ -196,21 +227,40 @@ async def _bench(args: argparse.Namespace) -> dict:
                 if len(done) == c and wall > 0:
                     rates.append(sum(s.tokens for s in done) / wall)
                 req_lat += [s.e2e for s in done]
-            throughput.append({"concurrency": c, "tokens_per_s": stats.summarize(rates), "samples": rates,
-                               "request_latency_s": stats.summarize(req_lat)})
+            throughput.append(
+                {
+                    "concurrency": c,
+                    "tokens_per_s": stats.summarize(rates),
+                    "samples": rates,
+                    "request_latency_s": stats.summarize(req_lat),
+                }
+            )
         bar.close()
 
-    scale = stats.scaling({r["concurrency"]: r["tokens_per_s"]["p50"] for r in throughput
-                           if r["tokens_per_s"]["n"]})
-    for r in throughput:
-        r.update(scale.get(r["concurrency"], {"speedup": float("nan"), "efficiency": float("nan")}))
+    scale = stats.scaling({r["concurrency"]: r["tokens_per_s"]["p50"] for r in throughput if r["tokens_per_s"]["n"]})
+    for row in throughput:
+        row.update(scale.get(row["concurrency"], {"speedup": float("nan"), "efficiency": float("nan")}))
     return {
         "schema": SCHEMA,
-        "meta": {"base_url": args.base_url, "model": info.id, "max_model_len": max_len, "started_at": started,
-                 "host": platform.node(), "cpus": os.cpu_count(), "output_tokens": out_tok,
-                 "repetitions": reps, "warmup": args.warmup, "seed": args.seed,
-                 "input_lengths": lengths, "concurrency": conc},
+        "meta": {
+            "base_url": args.base_url,
+            "model": info.id,
+            "max_model_len": max_len,
+            "started_at": started,
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "output_tokens": out_tok,
+            "repetitions": reps,
+            "warmup": args.warmup,
+            "seed": args.seed,
+            "input_lengths": lengths,
+            "concurrency": conc,
+        },
         "throughput_input_tokens": thr_len,
-        "prefill": prefill, "ttft": ttft, "decode": decode, "throughput": throughput,
-        "errors": len(errors), "first_error": errors[0] if errors else None,
+        "prefill": prefill,
+        "ttft": ttft,
+        "decode": decode,
+        "throughput": throughput,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
     }

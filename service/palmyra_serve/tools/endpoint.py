@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -74,11 +75,17 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict]:
             yield event
 
 
-def token_id(token: str, tokenizer=None) -> int | None:
+class Tokenizer(Protocol):
+    """What token_id needs of a tokenizer (a transformers one, loaded only by the caller)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+
+def token_id(token: str, tokenizer: Tokenizer | None = None) -> int | None:
     """A completion logprobs token as an id: exact with vLLM's `return_tokens_as_token_ids`,
     otherwise a best effort through the tokenizer (None when the text is not a single token)."""
     if token.startswith(TOKEN_ID_PREFIX):
-        return int(token[len(TOKEN_ID_PREFIX):])
+        return int(token[len(TOKEN_ID_PREFIX) :])
     if tokenizer is None:
         return None
     ids = tokenizer.encode(token, add_special_tokens=False)

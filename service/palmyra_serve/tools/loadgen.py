@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from palmyra_serve.tools.endpoint import EndpointError, check_response
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass
@@ -27,14 +31,20 @@ class StreamSample:
 
 
 def _body(model: str, ids: list[int], max_tokens: int, stream: bool) -> dict:
-    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
 
 
-async def stream_once(client, model: str, ids: list[int], max_tokens: int) -> StreamSample:
+async def stream_once(client: httpx.AsyncClient, model: str, ids: list[int], max_tokens: int) -> StreamSample:
     t0 = time.perf_counter()
     ttft = None
     chunks = 0
@@ -63,7 +73,7 @@ async def stream_once(client, model: str, ids: list[int], max_tokens: int) -> St
     return StreamSample(ttft=ttft, e2e=e2e, tokens=int(usage_tokens) if usage_tokens else chunks)
 
 
-async def prefill_once(client, model: str, ids: list[int]) -> float:
+async def prefill_once(client: httpx.AsyncClient, model: str, ids: list[int]) -> float:
     """Send -> last byte of a non-streamed max_tokens=1 completion: prefill plus one sampled token."""
     t0 = time.perf_counter()
     r = await client.post("/v1/completions", json=_body(model, ids, 1, False))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a display
@@ -22,7 +23,7 @@ def latency_vs_length(doc: dict, path: Path) -> Path:
         xs = [r["input_tokens"] for r in rows]
         p50 = [r[key]["p50"] * 1000 for r in rows]
         p90 = [r[key]["p90"] * 1000 for r in rows]
-        line, = ax.plot(xs, p50, marker="o", label=f"{label} p50")
+        (line,) = ax.plot(xs, p50, marker="o", label=f"{label} p50")
         ax.fill_between(xs, p50, p90, alpha=0.2, color=line.get_color(), label=f"{label} p50-p90")
     ax.set_xlabel("input tokens")
     ax.set_ylabel("latency (ms)")

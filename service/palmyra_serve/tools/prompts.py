@@ -10,15 +10,18 @@ VALIDATE_PROMPTS: list[tuple[str, str]] = [
     ("completion", "The capital of France is"),
     ("chinese", "请用一句话介绍一下昇腾 NPU 和 vLLM 推理引擎的关系。"),
     ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'),
-    ("long", (
-        "Large language models are served behind HTTP endpoints that speak the OpenAI protocol. "
-        "A request carries a prompt, a sampling configuration and a limit on the number of tokens to "
-        "generate. The server batches requests from many clients, runs a prefill pass over each prompt "
-        "to fill the key-value cache, and then decodes one token per step for every running sequence. "
-        "Operators watch time to first token, inter-token latency and throughput, and they validate "
-        "that a new accelerator, driver or image still computes the same numbers as a trusted "
-        "reference before it takes traffic. Summarise the trade-offs of continuous batching in"
-    )),
+    (
+        "long",
+        (
+            "Large language models are served behind HTTP endpoints that speak the OpenAI protocol. "
+            "A request carries a prompt, a sampling configuration and a limit on the number of tokens to "
+            "generate. The server batches requests from many clients, runs a prefill pass over each prompt "
+            "to fill the key-value cache, and then decodes one token per step for every running sequence. "
+            "Operators watch time to first token, inter-token latency and throughput, and they validate "
+            "that a new accelerator, driver or image still computes the same numbers as a trusted "
+            "reference before it takes traffic. Summarise the trade-offs of continuous batching in"
+        ),
+    ),
 ]
 
 QUICK_PROMPT = "What is 2+2?"

@@ -8,6 +8,10 @@ divergence the two paths are the same ids, so these are exactly the teacher-forc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Model:
@@ -38,15 +42,16 @@ class Model:
                 rows.append(logits)
                 tokens.append(tok)
                 if step + 1 < n:
-                    out = self.model(input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values,
-                                     use_cache=True)
+                    out = self.model(
+                        input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True
+                    )
         return GreedyPath(tokens, torch.stack(rows))
 
 
 class GreedyPath:
     """One greedy path: its tokens and the logits each was chosen from (satisfies accuracy.Reference)."""
 
-    def __init__(self, tokens: list[int], logits):
+    def __init__(self, tokens: list[int], logits: torch.Tensor) -> None:
         self.tokens = tokens
         self._logits = logits  # [n, vocab] float32
 

@@ -15,6 +15,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import httpx
+
+    from palmyra_serve.tools.accuracy import EndpointOutput
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 DEFAULT_MODEL = "palmyra-mini"
@@ -24,41 +30,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default=DEFAULT_BASE_URL, help="endpoint root (default %(default)s)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default %(default)s)")
     parser.add_argument("--api-key", default=None, help="bearer key, when the endpoint wants one")
-    parser.add_argument("--model-dir", default=None,
-                        help="the same checkpoint, for the fp32 Transformers reference (not needed with --quick)")
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="the same checkpoint, for the fp32 Transformers reference (not needed with --quick)",
+    )
     parser.add_argument("--tokens", type=int, default=20, help="greedy tokens per prompt (default %(default)s)")
-    parser.add_argument("--near-tie", type=float, default=None,
-                        help="near-tie threshold in units of the reference logit std (default 0.2)")
+    parser.add_argument(
+        "--near-tie",
+        type=float,
+        default=None,
+        help="near-tie threshold in units of the reference logit std (default 0.2)",
+    )
     parser.add_argument("--out", default=None, help="directory for report.md and results.json")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
-    parser.add_argument("--quick", action="store_true",
-                        help="only check that the endpoint lists the model and generates (no reference)")
+    parser.add_argument(
+        "--quick", action="store_true", help="only check that the endpoint lists the model and generates (no reference)"
+    )
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> httpx.Client:
     import httpx
 
     from palmyra_serve.tools.endpoint import headers
 
-    return httpx.Client(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key),
-                        timeout=args.timeout)
+    return httpx.Client(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key), timeout=args.timeout)
 
 
-def fetch_greedy(client, model: str, ids: list[int], n: int):
+def fetch_greedy(client: httpx.Client, model: str, ids: list[int], n: int) -> EndpointOutput:
     """The endpoint's greedy continuation of `ids` with its top-5 logprobs, as EndpointOutput."""
     from palmyra_serve.tools.accuracy import EndpointOutput
     from palmyra_serve.tools.endpoint import check_response, token_id
 
-    body = {"model": model, "prompt": ids, "max_tokens": n, "temperature": 0, "logprobs": 5,
-            "return_tokens_as_token_ids": True, "ignore_eos": True}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": n,
+        "temperature": 0,
+        "logprobs": 5,
+        "return_tokens_as_token_ids": True,
+        "ignore_eos": True,
+    }
     r = client.post("/v1/completions", json=body)
     choice = check_response(r.status_code, r.text)["choices"][0]
     lp = choice.get("logprobs") or {}
-    tops = [{tid: v for k, v in (d or {}).items() if (tid := token_id(k)) is not None}
-            for d in (lp.get("top_logprobs") or [])]
-    return EndpointOutput(tokens=[token_id(t) for t in lp.get("tokens") or []],
-                          token_logprobs=list(lp.get("token_logprobs") or []), top_logprobs=tops,
-                          finish_reason=choice.get("finish_reason"))
+    tops = [
+        {tid: v for k, v in (d or {}).items() if (tid := token_id(k)) is not None}
+        for d in (lp.get("top_logprobs") or [])
+    ]
+    return EndpointOutput(
+        tokens=[token_id(t) for t in lp.get("tokens") or []],
+        token_logprobs=list(lp.get("token_logprobs") or []),
+        top_logprobs=tops,
+        finish_reason=choice.get("finish_reason"),
+    )
 
 
 def run_quick(args: argparse.Namespace) -> int:
@@ -73,15 +98,21 @@ def run_quick(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             r = client.get("/v1/models")
             info = parse_models(check_response(r.status_code, r.text), args.model)
-            checks.append({"check": "model listed", "ok": True,
-                           "detail": f"{info.id} (max_model_len {info.max_model_len})"})
+            checks.append(
+                {"check": "model listed", "ok": True, "detail": f"{info.id} (max_model_len {info.max_model_len})"}
+            )
             body = {"model": args.model, "prompt": QUICK_PROMPT, "max_tokens": 8, "temperature": 0}
             r = client.post("/v1/completions", json=body)
             out = check_response(r.status_code, r.text)
             n = int((out.get("usage") or {}).get("completion_tokens") or 0)
             text = out["choices"][0].get("text", "")
-            checks.append({"check": "generates", "ok": n > 0,
-                           "detail": f"{n} tokens in {time.perf_counter() - t0:.2f}s: {text!r}"})
+            checks.append(
+                {
+                    "check": "generates",
+                    "ok": n > 0,
+                    "detail": f"{n} tokens in {time.perf_counter() - t0:.2f}s: {text!r}",
+                }
+            )
         except (EndpointError, httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
             checks.append({"check": "endpoint", "ok": False, "detail": f"{type(exc).__name__}: {exc}"})
     ok = all(c["ok"] for c in checks)
@@ -99,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         return run_quick(args)
     if not args.model_dir:
-        print("error: --model-dir is required (the checkpoint the reference runs); or use --quick",
-              file=sys.stderr)
+        print("error: --model-dir is required (the checkpoint the reference runs); or use --quick", file=sys.stderr)
         return 2
     from palmyra_serve.tools import accuracy, report
     from palmyra_serve.tools.endpoint import EndpointError
@@ -111,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
     from palmyra_serve.model.stand_in import marker
 
     stand_in = marker(Path(args.model_dir))
-    print(f"loading the fp32 reference from {args.model_dir}" + (" (random-weight stand-in)" if stand_in else ""),
-          file=sys.stderr)
+    print(
+        f"loading the fp32 reference from {args.model_dir}" + (" (random-weight stand-in)" if stand_in else ""),
+        file=sys.stderr,
+    )
     ref_model = Model(args.model_dir)
     results = []
     with _client(args) as client:
@@ -126,13 +158,21 @@ def run(args: argparse.Namespace) -> int:
             ref = ref_model.greedy(ids, args.tokens)
             res = accuracy.compare(name, text, len(ids), ref, out, near_tie)
             results.append(res)
-            print(f"{name:>10}: {res.verdict:<20} first token {'ok' if res.first_token_match else 'DIFF'}, "
-                  f"match {res.match_rate:.0%}  {res.reason}", file=sys.stderr)
+            print(
+                f"{name:>10}: {res.verdict:<20} first token {'ok' if res.first_token_match else 'DIFF'}, "
+                f"match {res.match_rate:.0%}  {res.reason}",
+                file=sys.stderr,
+            )
     doc = {
         "schema": "palmyra-validate/1",
-        "endpoint": args.base_url, "model": args.model, "model_dir": str(args.model_dir),
-        "stand_in": stand_in, "tokens": args.tokens, "near_tie_threshold_std": near_tie,
-        "summary": accuracy.summary(results, near_tie), "prompts": [r.to_dict() for r in results],
+        "endpoint": args.base_url,
+        "model": args.model,
+        "model_dir": str(args.model_dir),
+        "stand_in": stand_in,
+        "tokens": args.tokens,
+        "near_tie_threshold_std": near_tie,
+        "summary": accuracy.summary(results, near_tie),
+        "prompts": [r.to_dict() for r in results],
     }
     md = report.validate_markdown(doc)
     print(md)
@@ -142,4 +182,3 @@ def run(args: argparse.Namespace) -> int:
         (out_dir / "results.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
         (out_dir / "report.md").write_text(md, encoding="utf-8")
     return 1 if doc["summary"]["suspicious"] else 0
-
