@@ -48,7 +48,7 @@ fi
 # Debian tools, each only when missing.
 debs=(curl:curl)
 has static && debs+=(prometheus:promtool)
-has app && debs+=(haproxy:haproxy)
+has app && debs+=(haproxy:haproxy prometheus:prometheus)  # the rollout simulation; the autoscaler query on a live Prometheus
 has engine && debs+=(prometheus:prometheus)
 has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
 apt_install "${debs[@]}"
