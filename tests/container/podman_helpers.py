@@ -49,12 +49,21 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> tuple[int, dict]:
+def http(method: str, url: str, body: dict | None = None, timeout: float = 10,
+         api_key: str | None = None) -> tuple[int, dict]:
+    """Status and JSON body (a non-JSON body, such as a metrics page, as {"raw": text})."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"{}")
+            raw = response.read()
+            try:
+                return response.status, json.loads(raw or b"{}")
+            except ValueError:
+                return response.status, {"raw": raw.decode(errors="replace")}
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:
@@ -88,12 +97,13 @@ def wait_ready(url: str, containers: list[str], timeout_s: float, exited_ok: tup
     raise AssertionError(f"{url}/ready not 200 after {timeout_s} s (last {last}); logs: {tails}")
 
 
-def completion(base_url: str, max_tokens: int = 8) -> tuple[int, dict]:
+def completion(base_url: str, max_tokens: int = 8, api_key: str | None = None) -> tuple[int, dict]:
     return http(
         "POST",
         f"{base_url}/v1/completions",
         {"model": "palmyra-mini", "prompt": "Hello world", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
         timeout=120,
+        api_key=api_key,
     )
 
 

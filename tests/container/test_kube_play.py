@@ -230,12 +230,15 @@ def make_shm_volume(objs: list[dict]) -> None:
            "--opt", f"o=nr_blocks={blocks},uid={uid},gid={gid}", shm["name"])
 
 
+CLIENT_KEY = "kube-play-client-key"  # the Secret's api-keys entry: the sidecar requires one
+
+
 def create_secret(workdir: Path) -> None:
     # podman 4.3 reads a secretKeyRef's secret as a JSON map of base64 values.
     path = workdir / "secret.json"
     # api-keys is required: the sidecar fails closed without a client key.
     path.write_text(json.dumps({"engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode(),
-                                "api-keys": base64.b64encode(b"kube-play-client-key").decode()}))
+                                "api-keys": base64.b64encode(CLIENT_KEY.encode()).decode()}))
     path.chmod(0o600)
     podman("secret", "create", SECRET, str(path))
     path.unlink()
@@ -369,7 +372,7 @@ def test_ready_and_completion_through_the_pod(kube_pod: KubePod) -> None:
     status, ready = http("GET", f"{kube_pod.url}/ready")
     assert status == 200 and ready["ready"] is True and ready["phase"] == "ready"
     assert ready["weights"] == "random-stand-in"
-    status, body = completion(kube_pod.url, max_tokens=8)
+    status, body = completion(kube_pod.url, max_tokens=8, api_key=CLIENT_KEY)
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 8 and body["choices"][0]["text"]
     # The Secret reached the engine (as VLLM_API_KEY): its /v1 wants the key the sidecar holds.
@@ -479,7 +482,7 @@ def test_killed_engine_is_restarted_sidecar_untouched(kube_pod: KubePod) -> None
     assert sidecar_after["RestartCount"] == sidecar_before["RestartCount"]
     engine_after = inspect(kp.engine)
     assert engine_after["State"]["Running"] and engine_after["State"]["Pid"] != engine_before["State"]["Pid"]
-    status, body = completion(kp.url, max_tokens=8)
+    status, body = completion(kp.url, max_tokens=8, api_key=CLIENT_KEY)
     assert status == 200 and body["usage"]["completion_tokens"] == 8, body
     for container in (kp.engine, kp.sidecar):
         result = healthcheck(container)

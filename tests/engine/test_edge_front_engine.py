@@ -43,13 +43,13 @@ def test_a_client_that_stops_reading_frees_its_slot_and_the_engine(sidecar, engi
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     try:
-        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") >= 1, 30, 0.1,
-                   "the engine generating for the stream")
-        wait_until(lambda: sidecar_metric(sidecar.url, "palmyra_in_flight_requests") == 0, 40, 0.2,
-                   "the sidecar's slot freed")
+        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") >= 1, 30,
+                   "the engine generating for the stream", interval_s=0.1)
+        wait_until(lambda: sidecar_metric(sidecar.url, "palmyra_in_flight_requests") == 0, 40,
+                   "the sidecar's slot freed", interval_s=0.2)
         freed_s = time.monotonic() - t0
-        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 0, 10, 0.1,
-                   "the engine's running count back to 0")
+        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 0, 10,
+                   "the engine's running count back to 0", interval_s=0.1)
         stopped_s = time.monotonic() - t0
     finally:
         s.close()

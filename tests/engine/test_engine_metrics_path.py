@@ -93,7 +93,7 @@ def test_the_page_is_the_engines_own_and_follows_its_load(scrape, engine_server,
     def count() -> float:
         return sum(s.value for s in scrape()[running])
 
-    wait_until(lambda: count() == 0, 60, 0.2, "an idle engine")
+    wait_until(lambda: count() == 0, 60, "an idle engine", interval_s=0.2)
     stop = threading.Event()
     opened = threading.Event()
 
@@ -111,11 +111,11 @@ def test_the_page_is_the_engines_own_and_follows_its_load(scrape, engine_server,
     try:
         assert opened.wait(120), "the stream produced nothing"
         # The picker would now see this replica busy.
-        wait_until(lambda: count() >= 1, 30, 0.1, f"{running} >= 1 on the scraped page")
+        wait_until(lambda: count() >= 1, 30, f"{running} >= 1 on the scraped page", interval_s=0.1)
     finally:
         stop.set()
         worker.join(150)
-    wait_until(lambda: count() == 0, 120, 0.2, f"{running} back to 0 after the client left")
+    wait_until(lambda: count() == 0, 120, f"{running} back to 0 after the client left", interval_s=0.2)
 
 
 def test_a_scrape_costs_far_less_than_the_picker_interval_allows(scrape, sidecar_server):

@@ -148,7 +148,8 @@ def test_traffic_got_the_intended_answers(traffic):
 
 def _dashboard_values(name: str, engine_server, sidecar_server, dead_sidecar) -> dict[str, str]:
     sidecars = f"{_hostport(sidecar_server.url)}|{_hostport(dead_sidecar.url)}"
-    instance = sidecars if name == "palmyra-service.json" else _hostport(engine_server.url)
+    # The engine's series carry its sidecar's address: they are scraped through /engine/metrics.
+    instance = sidecars if name == "palmyra-service.json" else _hostport(sidecar_server.url)
     return {"instance": instance, "model": MODEL, "ttft_slo": "2", "itl_slo": "0.25",
             "__rate_interval": RATE_WINDOW}
 

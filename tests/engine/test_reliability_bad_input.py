@@ -61,7 +61,9 @@ CASES: list[tuple[str, str, bytes]] = [
 
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
-    env = {**FAST, "PALMYRA_MAX_BODY_BYTES": str(BODY_LIMIT), "PALMYRA_READ_TIMEOUT_S": str(READ_TIMEOUT_S)}
+    env = {**FAST, "PALMYRA_MAX_BODY_BYTES": str(BODY_LIMIT), "PALMYRA_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+           # The body has a deadline of its own (not the engine read timeout): the same bound here.
+           "PALMYRA_BODY_TIMEOUT_S": str(READ_TIMEOUT_S)}
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
 
