@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sidecar", help="run the sidecar in front of the engine")
     _add_listen(p, "port", 8080)
     p.add_argument("--engine-url", dest="engine_url", default=S, help="PALMYRA_ENGINE_URL")
+    p.add_argument(
+        "--probe-port",
+        dest="probe_port",
+        type=int,
+        default=S,
+        help="PALMYRA_PROBE_PORT: a second port serving only /health, /health/sidecar and /ready",
+    )
     p.set_defaults(func=cmd_sidecar)
 
     p = sub.add_parser("make-model", help="write the random-weight stand-in checkpoint")

@@ -21,6 +21,11 @@ class Settings(BaseSettings):
     # --- where things are ---------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the sidecar (or engine, for `engine`) listens on.")
     port: int = Field(8080, description="Sidecar port: clients, /health, /ready, /metrics.")
+    probe_port: int = Field(
+        0,
+        description="A second sidecar port serving only /health, /health/sidecar and /ready, with its own small "
+        "connection cap outside max_connections, for the kubelet's probes and Compose's healthcheck; 0: none.",
+    )
     engine_url: str = Field("http://127.0.0.1:8000", description="Where the sidecar reaches the engine.")
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")
     engine_api_key: str | None = Field(

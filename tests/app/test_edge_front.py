@@ -240,6 +240,42 @@ def test_connection_cap_refuses_cheaply(engine, sidecar_factory, client):
                    what="served again once connections closed")
 
 
+def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, sidecar_factory, client):
+    """The kubelet probes the probe port: with the client port's connections all held (the state in
+    which a liveness failure would restart a merely busy pod), the probes still answer, and the
+    probe port serves nothing else and has a cap of its own."""
+    probe_port = procs.free_port()
+    with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4", PALMYRA_PROBE_PORT=str(probe_port)) as sc:
+        held = [socket.create_connection(("127.0.0.1", sc.port)) for _ in range(4)]
+        try:
+            wait_until(lambda: status_of(raw_exchange(sc.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
+                       timeout_s=3, what="the client port full: even /health refused there")
+            for path in ("/health", "/health/sidecar", "/ready"):
+                resp = raw_exchange(probe_port, b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+                assert status_of(resp) == 200, (path, resp[:300])
+            # Nothing but the probes: no relay, no metrics, no engine behind this port.
+            for request in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"):
+                resp = raw_exchange(probe_port, request)
+                assert status_of(resp) == 404, resp[:300]
+                error = json.loads(resp.partition(b"\r\n\r\n")[2])["error"]
+                assert error["code"] == "not_found" and "/ready" in error["message"], error
+            # Its own cap: 16 held probe connections, the 17th refused; the client port unaffected.
+            probes_held = [socket.create_connection(("127.0.0.1", probe_port)) for _ in range(16)]
+            try:
+                wait_until(lambda: status_of(raw_exchange(probe_port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+                           == 503, timeout_s=3, what="the 17th probe connection refused")
+            finally:
+                for s in probes_held:
+                    s.close()
+        finally:
+            for s in held:
+                s.close()
+        wait_until(lambda: client.get(f"{sc.url}/v1/models").status_code == 200, timeout_s=5,
+                   what="the client port served again once connections closed")
+        assert client.get(f"http://127.0.0.1:{probe_port}/ready").status_code == 200
+
+
 def test_slow_body_has_its_own_deadline(engine, sidecar_factory):
     with sidecar_factory(engine.url, PALMYRA_BODY_TIMEOUT_S="1", PALMYRA_READ_TIMEOUT_S="30") as sc:
         with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:

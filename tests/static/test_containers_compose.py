@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from palmyra_serve.sidecar.routes import PROBE_PATHS
 from test_containers import ENGINE_CMD, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ COMPOSE = REPO / "docker-compose.yml"
 COMPOSE_DIR = REPO / "compose"
 OVERRIDES = sorted(COMPOSE_DIR.glob("*.yml"))
 BIN = Path(sys.executable).parent
-SIDECAR_PATHS = {"/health", "/health/sidecar", "/ready"}
+SIDECAR_PATHS = PROBE_PATHS  # what the sidecar's probe port serves
 ASCEND_DEVICES = ["/dev/davinci${PALMYRA_NPU_INDEX:-0}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 ASCEND_DRIVER = [
     "/usr/local/dcmi",
@@ -331,13 +332,18 @@ def test_podman_compose_resolves_the_shared_namespace() -> None:
 def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -> None:
     urls = {name: probe_url(s) for name, s in services.items() if probe_url(s)}
     assert set(urls) == {"engine", "engine-cpu", "sidecar"}
+    # The sidecar's probe port, as its environment sets it: apart from the client port, and
+    # published nowhere (busy clients cannot fail the healthchecks; only the probes are there).
+    probe_port = int(env_of(services["sidecar"])["PALMYRA_PROBE_PORT"])
+    assert probe_port != SIDECAR_PORT
+    assert not any(str(probe_port) in str(p) for s in services.values() for p in s.get("ports", []))
     for name, url in urls.items():
         # Engine and sidecar share the holder's namespace: the sidecar answers on 127.0.0.1.
-        assert re.match(r"http://127\.0\.0\.1:8080/", url), f"{name} probes {url}"
+        assert re.match(rf"http://127\.0\.0\.1:{probe_port}/", url), f"{name} probes {url}"
         assert url_path(url) in SIDECAR_PATHS
     # Engine liveness = the sidecar's judgement of the engine; sidecar liveness = itself only.
     assert url_path(urls["engine"]) == url_path(urls["engine-cpu"]) == "/health"
-    assert urls["sidecar"] == "http://127.0.0.1:8080/health/sidecar"
+    assert url_path(urls["sidecar"]) == "/health/sidecar"
 
 
 def test_engine_probe_outlasts_a_sidecar_restart(services: dict[str, Any]) -> None:
@@ -502,8 +508,10 @@ def test_podman_override_is_host_network_local_images_loopback_only() -> None:
     assert engine_cmd[engine_cmd.index("--host") + 1] == "127.0.0.1"
     sidecar_cmd = override["sidecar"]["command"]
     assert sidecar_cmd[sidecar_cmd.index("--host") + 1] == "127.0.0.1"
+    probe_port = override["sidecar"]["environment"]["PALMYRA_PROBE_PORT"]
+    assert probe_port != sidecar_cmd[sidecar_cmd.index("--port") + 1]
     for name in ("engine-cpu", "sidecar"):
-        assert probe_url(override[name]).startswith("http://127.0.0.1:")
+        assert probe_url(override[name]).startswith(f"http://127.0.0.1:{probe_port}/")
         assert url_path(probe_url(override[name]).replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
 
 

@@ -24,6 +24,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.routes import PROBE_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -266,8 +268,13 @@ def test_two_regular_containers_and_the_launcher_commands(overlay):
     assert engine["args"] == ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
     assert fetch["args"][:2] == ["palmyra-serve", "fetch-model"]
     assert fetch["args"][fetch["args"].index("--dest") + 1] == config_data(render(overlay))["PALMYRA_MODEL_DIR"]
-    assert sidecar["command"] == ["palmyra-serve", "sidecar", "--host", "0.0.0.0", "--port", str(SIDECAR_PORT)]
-    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": SIDECAR_PORT}
+    assert sidecar["command"][:2] == ["palmyra-serve", "sidecar"]
+    listens = sidecar_listens(spec)
+    assert listens.host == "0.0.0.0" and listens.port == SIDECAR_PORT
+    # Both listeners declared, the probe port apart from the client port.
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": SIDECAR_PORT,
+                                                                           "probes": listens.probe_port}
+    assert listens.probe_port not in (0, SIDECAR_PORT)
     assert fetch["image"] == engine["image"]
     assert engine["image"].rsplit(":", 1)[1] == ENGINE_TAG[overlay]
     assert sidecar["image"].split("/")[-1] == "palmyra-serve-sidecar:latest"
@@ -295,6 +302,9 @@ def test_settings_and_secrets_reach_the_right_containers(overlay):
     assert _env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"] == "http://127.0.0.1:8000"
 
 
+PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")
+
+
 def _http(probe: dict) -> tuple[str, int]:
     return probe["httpGet"]["path"], probe["httpGet"]["port"]
 
@@ -307,11 +317,16 @@ def _window(probe: dict) -> int:
 def test_probes_use_the_sidecar_routes_and_survive_a_sidecar_restart(overlay):
     spec = pod_spec(render(overlay))
     engine, sidecar = container(spec, "engine"), container(spec, "sidecar")
+    # Every probe on the sidecar's probe port (as its command line sets it, read by the real CLI
+    # parser), which serves exactly these paths: busy clients on 8080 cannot fail them.
+    probe_port = sidecar_listens(spec).probe_port
+    assert probe_port
     # The engine is judged by the sidecar (a hung engine still answers its own /health).
-    assert _http(engine["startupProbe"]) == ("/health", SIDECAR_PORT)
-    assert _http(engine["livenessProbe"]) == ("/health", SIDECAR_PORT)
-    assert _http(sidecar["livenessProbe"]) == ("/health/sidecar", SIDECAR_PORT)
-    assert _http(sidecar["readinessProbe"]) == ("/ready", SIDECAR_PORT)
+    assert _http(engine["startupProbe"]) == ("/health", probe_port)
+    assert _http(engine["livenessProbe"]) == ("/health", probe_port)
+    assert _http(sidecar["livenessProbe"]) == ("/health/sidecar", probe_port)
+    assert _http(sidecar["readinessProbe"]) == ("/ready", probe_port)
+    assert {_http(c[k])[0] for c in (engine, sidecar) for k in PROBE_KINDS if k in c} <= PROBE_PATHS
     assert "readinessProbe" not in engine  # readiness is the sidecar's /ready alone
     assert _window(engine["startupProbe"]) >= 20 * 60  # model load + compile
     # A restarting sidecar refuses the engine's liveness probe: that must not restart the engine.
@@ -462,6 +477,16 @@ def sidecar_ports(spec: dict) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in container(spec, "sidecar")["ports"]}
 
 
+def sidecar_listens(spec: dict) -> Settings:
+    """The sidecar's settings as its container command sets them, through the real CLI parser
+    (the ConfigMap's PALMYRA_* apply too, but set no listener)."""
+    from palmyra_serve.cli import _settings, build_parser
+
+    command = container(spec, "sidecar")["command"]
+    assert command[0] == "palmyra-serve"
+    return _settings(build_parser().parse_args(command[1:]))
+
+
 def _probe_ports(c: dict) -> list[object]:
     return [probe[kind]["port"] for probe in (c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe"))
             if probe for kind in ("httpGet", "tcpSocket", "grpc") if kind in probe]
@@ -537,7 +562,9 @@ def assert_policy_admits_only_the_sidecar(objects: list[dict], egress_allowed: s
     assert service["selector"].items() <= labels.items()
     # The Service forwards to the sidecar's ports only (by name or number).
     assert {sidecar.get(p["targetPort"], p["targetPort"]) for p in service["ports"]} == {8080}
-    assert set(sidecar.values()) == {8080}
+    # ... and never to the probe port, which the kubelet reaches from the node (NetworkPolicy
+    # always admits a node's traffic to its own pods) and no client needs.
+    assert set(sidecar.values()) == {8080, sidecar_listens(spec).probe_port}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import yaml
-from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, container, one, pod_spec, render
+from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, container, one, pod_spec, render, sidecar_listens
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
@@ -173,7 +173,7 @@ def service_monitor_target(objects: list[dict]) -> dict[str, str]:
 
 def assert_monitors_scrape_through_the_sidecar(objects: list[dict], rules: dict, keda_query: str | None) -> None:
     spec = pod_spec(objects)
-    sidecar_listen = int(container(spec, "sidecar")["command"][-1])
+    sidecar_listen = sidecar_listens(spec).port
     engine_target, sidecar_target = pod_monitor_target(objects), service_monitor_target(objects)
     # Both through the port the sidecar listens on: the engine has none outside its loopback.
     for target in (engine_target, sidecar_target):

@@ -31,7 +31,7 @@ from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.proxy import Proxy
-from palmyra_serve.sidecar.routes import CONTROL_PATHS
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge, new_session
 from palmyra_serve.sidecar.warmup import Supervisor
 
@@ -85,12 +85,33 @@ class SidecarApp:
         self.state = control.state
         self.sidecar = state
         self.proxy = state.proxy
+        self.probe_port = state.settings.probe_port
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in CONTROL_PATHS:
+        if self.probe_port and scope["type"] == "http" and _local_port(scope) == self.probe_port:
+            if scope["path"] not in PROBE_PATHS:
+                await _refuse_off_probe_port(scope, send)
+                return
+        elif scope["type"] == "http" and scope["path"] not in CONTROL_PATHS:
             await self.proxy(scope, receive, send)
             return
         await self.control(scope, receive, send)
+
+
+def _local_port(scope: dict) -> int | None:
+    server = scope.get("server")
+    return server[1] if server else None
+
+
+async def _refuse_off_probe_port(scope: dict, send: Any) -> None:
+    # Not counted in palmyra_requests_total: the probe port is not a client door; nothing on it
+    # reaches the relay or the engine.
+    exc = errors.not_a_probe_path(scope["method"], scope["path"], ", ".join(sorted(PROBE_PATHS)))
+    body = exc.body()
+    headers = [(k, v) for k, v in exc.headers("-") if k != b"x-request-id"]
+    headers += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(

@@ -189,6 +189,16 @@ def not_found(method: str, path: str) -> ApiError:
     return ApiError(404, f"Invalid URL ({method} {path[:200]})", "invalid_request_error", "not_found")
 
 
+def not_a_probe_path(method: str, path: str, probe_paths: str) -> ApiError:
+    """On the probe port, everything but the probes: the same code as an unknown route."""
+    return ApiError(
+        404,
+        f"Invalid URL ({method} {path[:200]}): this port serves only {probe_paths}.",
+        "invalid_request_error",
+        "not_found",
+    )
+
+
 def method_not_allowed(method: str, path: str, allow: str) -> ApiError:
     return ApiErrorWithHeaders(
         405,

@@ -10,7 +10,9 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
   arrive within header_timeout_s of the connection opening (or of its first byte, for the next
   request on a kept-alive connection).
 - Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
-  before any parsing.
+  before any parsing. Connections to the probe port (settings.probe_port, which serves only the
+  probes: app.py) are not counted there but against their own PROBE_MAX_CONNECTIONS, so clients
+  holding every client connection cannot fail the kubelet's probes (and get the pod restarted).
 - A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
   the transport calls pause_writing() soon after its client stops reading; if resume_writing()
   does not follow within write_timeout_s, the transport is aborted. uvicorn then reports the
@@ -39,6 +41,9 @@ from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.routes import OTHER
 
 LINGER_S = 2.0
+# The kubelet opens one connection per probe and closes it; two containers' probes plus Compose's
+# healthcheck need a handful. Beyond this, a probe connection is refused like any other.
+PROBE_MAX_CONNECTIONS = 16
 NOTSENT_LOWAT = 16 * 1024
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
 
@@ -63,6 +68,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     settings: Settings
     metrics: SidecarMetrics | None = None
     max_connections: int
+    probe_port: int
+    probe_connections: int = 0  # open on the probe port; per protocol class (one per server)
     max_head: int
     max_line: int
     max_fields: int
@@ -87,17 +94,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._probe = False
 
     # --- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:
+        cls = type(self)
+        self._probe = bool(self.probe_port) and _local_port(transport) == self.probe_port
+        if self._probe:
+            full = cls.probe_connections >= PROBE_MAX_CONNECTIONS
+        else:
+            full = len(self.connections) - cls.probe_connections >= self.max_connections
+        if full:
             # Refused before anything is parsed or allocated: one write, one close.
             self.transport = transport
             self._discarding = True
             self._count(errors.too_many_connections(0))
             transport.write(self.busy)
             transport.close()
+            self._probe = False  # never counted
             return
+        if self._probe:
+            cls.probe_connections += 1
         super().connection_made(transport)
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
         sock = transport.get_extra_info("socket")
@@ -114,6 +131,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if timer is not None:
                 timer.cancel()
         self._head_timer = self._write_timer = self._linger_timer = None
+        if self._probe:
+            self._probe = False
+            type(self).probe_connections -= 1
         super().connection_lost(exc)
 
     # --- input -------------------------------------------------------------------------------
@@ -254,12 +274,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.metrics.count_request(OTHER, exc.status)
 
 
+def _local_port(transport: asyncio.Transport) -> int | None:
+    sockname = transport.get_extra_info("sockname")
+    return sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+
+
 def bounded_protocol(settings: Settings, metrics: SidecarMetrics | None) -> type[BoundedHttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, with these settings' limits."""
     attrs = {
         "settings": settings,
         "metrics": metrics,
         "max_connections": settings.max_connections,
+        "probe_port": settings.probe_port,
         "max_head": settings.max_header_bytes,
         "max_line": settings.max_request_line_bytes,
         "max_fields": settings.max_header_count,

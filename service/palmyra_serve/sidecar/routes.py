@@ -58,6 +58,12 @@ CONTROL_PATHS = frozenset(
     }
 )
 
+# All the probe port serves (settings.probe_port): the kubelet's probes (and Compose's healthcheck)
+# keep their own door, so clients holding every connection the main port allows cannot make a busy
+# replica look dead and get its containers restarted.
+PROBE_PATHS = frozenset({"/health", "/health/sidecar", "/ready"})
+assert PROBE_PATHS <= CONTROL_PATHS
+
 GENERATION_ROUTES = frozenset(r.label for r in RELAYED.values() if r.generates)
 OTHER = "other"  # refused requests that match no route
 ROUTE_LABELS = tuple(dict.fromkeys([r.label for r in RELAYED.values()] + [OTHER]))

@@ -62,6 +62,9 @@ def serve(settings: Settings) -> None:
         # Fail closed, and say why in one line rather than a traceback.
         log.error("refusing to start: %s", exc)
         raise SystemExit(2) from None
+    if settings.probe_port and settings.probe_port == settings.port:
+        log.error("refusing to start: PALMYRA_PROBE_PORT must differ from the sidecar's port (%d)", settings.port)
+        raise SystemExit(2)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -78,4 +81,24 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
     )
-    DrainingServer(config, app).run()
+    sockets = None
+    if settings.probe_port:
+        # Both listeners in one server: one app, one drain, one shutdown. The probe port's
+        # connections have their own cap (front_end.py) and paths (app.py).
+        sockets = [config.bind_socket(), _bind(settings.host, settings.probe_port, config.backlog)]
+    DrainingServer(config, app).run(sockets=sockets)
+
+
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        log.error("refusing to start: cannot listen on the probe port %s:%d: %s", host, port, exc)
+        raise SystemExit(2) from None
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
