@@ -9,7 +9,7 @@ with only these changes for this machine, each printed by the test:
   create is created with `podman secret create` instead of played: podman 4.3 stores a played Secret
   as YAML but reads secretKeyRef values back as a JSON map ("secret ... is not valid JSON").
 - hostNetwork: true (no bridge networks on these machines; everything stays on 127.0.0.1, so the
-  fixed ports 8000 and 8080 must be free). The pod's loopback is then the machine's, so "outside
+  fixed ports 8000, 8080 and 8081 must be free). The pod's loopback is then the machine's, so "outside
   the pod" is this machine's non-loopback address: there the engine's port must be closed while
   the sidecar's answers (and /invocations, off the sidecar's allow-list, is a 404 that never
   reaches the engine).
@@ -74,8 +74,8 @@ DEPLOYMENT = "palmyra-serve"
 SECRET = "palmyra-serve-secrets"
 ENGINE_KEY = "kube-play-test-engine-key"
 VOLUME_PREFIX = "palmyra-kp-"
-PORTS = (8000, 8080)  # fixed by the manifest; host networking puts them on this machine
-ENGINE_PORT, SIDECAR_PORT = PORTS
+PORTS = (8000, 8080, 8081)  # fixed by the manifest; host networking puts them on this machine
+ENGINE_PORT, SIDECAR_PORT, PROBE_PORT = PORTS
 PLAYABLE = {"Deployment", "ConfigMap"}
 # What podman cannot play (or this run must not): anything new in the overlay fails the test until
 # someone decides whether podman can run it.
