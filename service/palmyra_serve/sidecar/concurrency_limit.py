@@ -34,8 +34,9 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
 - Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
 
-The queue: a request that finds no free slot may wait at most what the TTFT SLO leaves after the
-expected engine TTFT: max_wait = max(0, ttft_slo_s - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
+The queue: a request that finds no free slot may wait at most what the TTFT SLO (less a headroom,
+`queue_headroom` of it) leaves after the expected engine TTFT:
+max_wait = max(0, ttft_slo_s x (1 - queue_headroom) - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
 engine TTFT and its mean deviation (Jacobson's estimator, as TCP's retransmission timeout). On
 arrival its expected wait is W = (queued + 1) / mu, mu = limit / mean service time (Little's law on
 a saturated engine). W > max_wait: refused at once (429, reason "slo_unreachable"), costing nothing
@@ -44,20 +45,8 @@ that passes. `max_queue` stays a hard cap ("queue_full"). Every refusal carries
 Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time the queue needs, at
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
-Settings it needs (to be added to settings.py; names and defaults; docs/admission.md has the table):
-    PALMYRA_ADMISSION_MODE=adaptive          adaptive | fixed (fixed uses PALMYRA_MAX_IN_FLIGHT)
-    PALMYRA_MAX_IN_FLIGHT=64                 the fixed limit (existing setting)
-    PALMYRA_MAX_QUEUE=256                    hard cap on waiters (existing setting)
-    PALMYRA_ADMISSION_MIN_LIMIT=2            the floor
-    PALMYRA_ADMISSION_MAX_LIMIT=             the ceiling; empty: from the engine (engine_capacity.py)
-    PALMYRA_ADMISSION_INITIAL_LIMIT=8
-    PALMYRA_ADMISSION_KV_TOKENS_PER_REQUEST=2048   KV tokens one request holds (engine_capacity.py)
-    PALMYRA_SLO_TTFT_S=2.0                   the TTFT SLO (bench/validate's default)
-    PALMYRA_SLO_ITL_S=0.25                   the mean inter-token gap SLO
-    PALMYRA_ADMISSION_TTFT_ENGINE_SHARE=0.5  share of the TTFT SLO the engine may use; the rest is queue
-    PALMYRA_ADMISSION_ITL_SHARE=0.8          target ITL as a share of its SLO (margin for the tail)
-    PALMYRA_ADMISSION_WINDOW_S=1.0
-    PALMYRA_RETRY_AFTER_MAX_S=30
+The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
+docs/admission.md; admission.build_admission() maps them.
 Nothing here does I/O or touches asyncio: admission.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
@@ -70,13 +59,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from palmyra_serve.sidecar import errors
+
 Mode = Literal["adaptive", "fixed"]
 Outcome = Literal["ok", "drop", "ignore"]  # ok: measured; drop: engine error/timeout; ignore: say nothing
 
-# Refusal reasons: the values of palmyra_rejections{reason} (metrics.REJECTION_REASONS).
-QUEUE_FULL = "queue_full"
-QUEUE_TIMEOUT = "queue_timeout"
-SLO_UNREACHABLE = "slo_unreachable"
+# Refusal reasons: error codes (errors.py, the one vocabulary), also palmyra_rejections{reason}.
+QUEUE_FULL = errors.QUEUE_FULL
+QUEUE_TIMEOUT = errors.QUEUE_TIMEOUT
+SLO_UNREACHABLE = errors.SLO_UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -90,6 +81,9 @@ class LimitConfig:
     itl_slo_s: float = 0.25
     ttft_engine_share: float = 0.5
     itl_share: float = 0.8
+    # Share of the TTFT SLO kept out of the queue's budget, so what is admitted at the edge of the
+    # wait still has margin for the engine's tail (without it queue + TTFT rode at 1.9-2.0 s at p99).
+    queue_headroom: float = 0.0
     quantile: float = 90.0
     tolerance: float = 0.8
     max_decrease: float = 0.5
@@ -106,6 +100,8 @@ class LimitConfig:
             raise ValueError("shares must be in (0, 1], tolerance in (0, 1)")
         if not 0 < self.max_decrease < 1:
             raise ValueError("max_decrease must be in (0, 1)")
+        if not 0 <= self.queue_headroom < 1:
+            raise ValueError("queue_headroom must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -144,13 +140,23 @@ class AdaptiveLimit:
         self.ttft_target_s = config.ttft_slo_s * config.ttft_engine_share
         self.itl_target_s = config.itl_slo_s * config.itl_share
         self.slow_start = True
-        self.decreased_at = self.changed_at = clock()
+        self.decreased_at = self.changed_at = self._created_at = clock()
         self.last_pressure: float | None = None
         self._reset_window(self.decreased_at)
 
     @property
     def limit(self) -> int:
         return int(self._limit)
+
+    def set_ceiling(self, ceiling: int, initial: int | None = None) -> None:
+        """The engine's capacity, learned after start. `initial`: where to start instead, if the
+        limit has not moved yet (before the engine answered, the ceiling was a guess)."""
+        self.ceiling = max(ceiling, self.floor)
+        if self.config.mode == "fixed":
+            return
+        if initial is not None and self.slow_start and self.changed_at == self._created_at:
+            self._limit = float(min(max(initial, self.floor), self.ceiling))
+        self._limit = min(self._limit, float(self.ceiling))
 
     def _reset_window(self, now: float) -> None:
         self._window_start = now
@@ -250,6 +256,10 @@ class ConcurrencyGate:
     def limit(self) -> int:
         return self.limiter.limit
 
+    @property
+    def ceiling(self) -> int:
+        return self.limiter.ceiling
+
     def can_dispatch(self) -> bool:
         return self.in_flight < self.limit
 
@@ -261,7 +271,8 @@ class ConcurrencyGate:
         return self._srtt + 2 * self._rttvar
 
     def max_queue_wait_s(self) -> float:
-        return max(0.0, self.config.ttft_slo_s - self.expected_ttft_s())
+        budget = self.config.ttft_slo_s * (1 - self.config.queue_headroom)
+        return max(0.0, budget - self.expected_ttft_s())
 
     def service_rate(self) -> float | None:
         """Requests per second a saturated engine completes: limit / mean service time (Little)."""
