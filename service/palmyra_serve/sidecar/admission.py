@@ -89,9 +89,10 @@ def max_num_seqs(settings: Settings) -> int:
 
 
 def initial_limit(settings: Settings, ceiling: int) -> int:
-    """Where the limit starts: the setting, else a quarter of the ceiling (a cold start from a few
-    slots refused and queued traffic the engine could have served while slow start caught up)."""
-    return settings.admission_initial_limit or max(settings.admission_min_limit, ceiling // 4)
+    """Where the limit starts: the setting, else an eighth of the ceiling. Too low a start refuses
+    and queues traffic the engine could serve while slow start catches up (a few windows); too
+    high a start lets the first overload in at full ceiling, and every stream admitted then is late."""
+    return settings.admission_initial_limit or max(settings.admission_min_limit, ceiling // 8)
 
 
 def build_admission(settings: Settings) -> AdmissionControl:
