@@ -290,3 +290,22 @@ def test_bad_config_is_refused() -> None:
         LimitConfig(min_limit=0)
     with pytest.raises(ValueError):
         LimitConfig(ttft_engine_share=1.5)
+
+
+def test_growth_is_earned_only_in_a_full_batch() -> None:
+    """After a raise the batch fills over a while; fast streams of a half-full batch must not raise
+    it again (measured on the CPU engine: slow start doubled 64 -> 256 in two windows that way)."""
+    gate, clock = make(ceiling=256, initial_limit=8, min_samples=1, window_s=0.0)
+    tickets = [gate.arrive().ticket for _ in range(8)]  # the last one fills the batch
+    assert [t.full for t in tickets if t] == [False] * 7 + [True]
+    assert gate.arrive().action == "queue"  # demand beyond the limit: it binds
+    clock.now += 0.1
+    first = tickets[0]
+    assert first is not None
+    gate.inter_token(first, 0.01)  # fast, but dispatched into a batch not yet full
+    assert gate.limit == 8
+    last = tickets[-1]
+    assert last is not None
+    gate.arrive()  # still binding in this window
+    gate.inter_token(last, 0.01)  # fast in a full batch: now it grows (slow start doubles)
+    assert gate.limit == 16

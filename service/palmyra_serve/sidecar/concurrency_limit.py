@@ -28,8 +28,11 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   whole stream's at its end.
 - Only samples from requests dispatched after the last decrease count (one cut per round trip, as
   TCP), so the slow streams that caused a cut do not cut again; and the limit grows only on ITL
-  samples from requests dispatched after the last change (growth is earned at the new limit; the
-  TTFT of a fresh request comes first but says little about how the batch slows every stream).
+  samples from requests dispatched after the last change *into a full batch* (in flight at the
+  limit): growth is earned at the new limit. The TTFT of a fresh request comes first but says
+  little about how the batch slows every stream, and the first streams after a raise run in a
+  batch still filling up (measured: without the full-batch condition, slow start doubled 64 -> 256
+  in two windows at 2x capacity while the streams admitted at 256 were all late).
 - Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see engine_capacity.py:
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
 - Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
@@ -110,6 +113,10 @@ class Ticket:
 
     dispatched_at: float
     queue_wait_s: float
+    # Dispatched into a full batch (in flight reached the limit): its latency shows what the
+    # current limit costs. Growth is earned only on such samples: right after a raise the batch
+    # fills over a second or more, and early streams of a half-filled batch look fast.
+    full: bool = True
 
 
 @dataclass(frozen=True)
@@ -175,15 +182,15 @@ class AdaptiveLimit:
             self._ttfts.append(ttft_s)
         self._maybe_update()
 
-    def on_itl(self, dispatched_at: float, itl_s: float) -> None:
+    def on_itl(self, dispatched_at: float, itl_s: float, full: bool = True) -> None:
         if dispatched_at >= self.decreased_at:
             self._itls.append(itl_s)
-            self._fresh_itls += dispatched_at >= self.changed_at
+            self._fresh_itls += dispatched_at >= self.changed_at and full
         self._maybe_update()
 
-    def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome) -> None:
+    def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome, full: bool = True) -> None:
         if outcome == "ok" and itl_s is not None:
-            self.on_itl(dispatched_at, itl_s)
+            self.on_itl(dispatched_at, itl_s, full)
             return
         if dispatched_at >= self.decreased_at and outcome == "drop":
             self._drops += 1
@@ -300,7 +307,7 @@ class ConcurrencyGate:
         now = self.clock()
         if self.queued == 0 and self.can_dispatch():
             self.in_flight += 1
-            return Decision("admit", ticket=Ticket(now, 0.0))
+            return Decision("admit", ticket=Ticket(now, 0.0, self.in_flight >= self.limit))
         self.limiter.note_binding()
         if self.queued >= self.config.max_queue:
             return self.refusal(QUEUE_FULL)
@@ -317,7 +324,7 @@ class ConcurrencyGate:
         now = self.clock()
         self.queued -= 1
         self.in_flight += 1
-        return Ticket(now, now - enqueued_at)
+        return Ticket(now, now - enqueued_at, self.in_flight >= self.limit)
 
     def leave_queue(self) -> None:
         self.queued -= 1
@@ -333,11 +340,11 @@ class ConcurrencyGate:
 
     def inter_token(self, ticket: Ticket, itl_s: float) -> None:
         """The stream's mean inter-token gap so far (the relay calls it once, after probe_tokens)."""
-        self.limiter.on_itl(ticket.dispatched_at, itl_s)
+        self.limiter.on_itl(ticket.dispatched_at, itl_s, ticket.full)
 
     def finish(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
         self.in_flight -= 1
         if outcome == "ok":
             took = self.clock() - ticket.dispatched_at
             self._service_s = took if self._service_s is None else 0.8 * self._service_s + 0.2 * took
-        self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome)
+        self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome, ticket.full)
