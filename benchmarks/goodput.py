@@ -380,7 +380,9 @@ def run(args: argparse.Namespace) -> dict:
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of open streams at 4x
-    sidecar_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    # The sidecar as a CPU deployment runs it: `up` and the Kubernetes CPU overlay tell it the
+    # platform, which sets its admission ceiling (vLLM's CPU max-num-seqs, 128; docs/admission.md).
+    sidecar_env = {"PALMYRA_PLATFORM": "cpu", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
     model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory() as tmp:

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
         "min(max-num-seqs, KV cache / admission_kv_tokens_per_request).",
     )
     admission_initial_limit: int | None = Field(
-        None, description="adaptive: where the limit starts; unset: a quarter of the ceiling."
+        None, description="adaptive: where the limit starts; unset: half the ceiling."
     )
     admission_kv_tokens_per_request: int = Field(
         2048, description="adaptive: KV-cache tokens one request is expected to hold (bounds the ceiling)."

@@ -150,7 +150,7 @@ def test_concurrency_limit_is_the_admission_limit():
     for ceiling in (16, 200):  # adaptive (the default): the limit of the moment, under its ceiling
         metrics = SidecarMetrics()
         state = SidecarState(Settings(admission_max_limit=ceiling, auth_disabled=True), metrics)
-        assert metrics.registry.get_sample_value("palmyra_concurrency_limit") == state.admission.limit == ceiling // 4
+        assert metrics.registry.get_sample_value("palmyra_concurrency_limit") == state.admission.limit == ceiling // 2
         assert metrics.registry.get_sample_value("palmyra_concurrency_ceiling") == ceiling
 
 

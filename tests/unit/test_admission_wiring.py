@@ -25,16 +25,16 @@ def test_adaptive_is_the_default_and_fixed_keeps_the_manual_settings() -> None:
     assert (fixed.limit, fixed.max_queue, fixed.probe_tokens) == (7, 3, 0)
 
 
-def test_the_ceiling_comes_from_the_engine_and_the_limit_starts_at_a_quarter_of_it() -> None:
+def test_the_ceiling_comes_from_the_engine_and_the_limit_starts_at_half_of_it() -> None:
     settings = Settings(platform="cpu", auth_disabled=True)
     adm = build_admission(settings)
-    assert (adm.ceiling, adm.limit) == (128, 32), "before the engine answers: vLLM's CPU max_num_seqs"
+    assert (adm.ceiling, adm.limit) == (128, 64), "before the engine answers: vLLM's CPU max_num_seqs"
     # 2 GiB of KV at 2048 tokens a request holds 1024: max_num_seqs (128) stays the bound.
     assert learn_ceiling(adm, settings, CACHE_INFO) == 128
     small = Settings(platform="cpu", admission_kv_tokens_per_request=65536, auth_disabled=True)
     adm = build_admission(small)
     assert learn_ceiling(adm, small, CACHE_INFO) == 32, "the KV cache bounds it: 2 097 152 / 65 536"
-    assert adm.limit == 8, "a limit that never moved restarts at a quarter of the real ceiling"
+    assert adm.limit == 16, "a limit that never moved restarts at half the real ceiling"
     args = Settings(platform="ascend", engine_extra_args="--max-num-seqs 48", auth_disabled=True)
     assert build_admission(args).ceiling == 48
     override = Settings(admission_max_limit=20, admission_initial_limit=3, auth_disabled=True)
