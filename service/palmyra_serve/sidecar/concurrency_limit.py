@@ -22,6 +22,14 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   p < `tolerance` and the limit was binding in the window (a request found no free slot): increase,
   doubling while in slow start (until the first decrease, as TCP), then by max(1, sqrt(limit)) per
   window (Envoy's headroom); else hold. An engine error or timeout (outcome "drop") halves it (AIMD).
+- A raise must pay: the SLO allows streams to slow down to the ITL target, but on an engine whose
+  throughput falls past its knee (this 2-core CPU: ~19 req/s at 50 streams, ~14 at 128 with every
+  stream still inside the SLO) a limit held only by the SLO settles where goodput is lower. So each
+  window with fresh full-batch ITL samples estimates the engine's token rate, limit / median(ITL)
+  (Little's law on the batch), and a raise whose rate is not `min_gain` above the rate measured at
+  the limit it came from is undone (ending slow start) and no raise is tried for `hold_windows`
+  windows: a hill climb on throughput under the SLO's ceiling, in the spirit of Gradient2's
+  comparison of latency with its long-run value.
 - Feedback must be quick or the loop overshoots: a 64-token stream at 1 s per token reports its
   mean ITL after a minute. So the relay also reports each stream's mean gap over its first
   `probe_tokens` tokens (inter_token()), a few hundred milliseconds into the stream, besides the
@@ -95,6 +103,8 @@ class LimitConfig:
     max_window_s: float = 10.0
     retry_after_max_s: int = 30
     probe_tokens: int = 8  # the relay reports a stream's mean gap after this many tokens
+    min_gain: float = 0.05  # a raise must lift the estimated token rate this much, else it is undone
+    hold_windows: int = 10  # windows without a raise after an undone one
 
     def __post_init__(self) -> None:
         if self.min_limit < 1 or self.fixed_limit < 1 or self.initial_limit < 1:
@@ -149,6 +159,8 @@ class AdaptiveLimit:
         self.slow_start = True
         self.decreased_at = self.changed_at = self._created_at = clock()
         self.last_pressure: float | None = None
+        self._raised_from: tuple[float, float] | None = None  # (limit, token rate there) before the last raise
+        self._hold = 0  # windows left without a raise
         self._reset_window(self.decreased_at)
 
     @property
@@ -171,6 +183,7 @@ class AdaptiveLimit:
         self._itls: list[float] = []
         self._drops = 0
         self._fresh_itls = 0  # ITL samples of requests dispatched at the current limit
+        self._full_itls: list[float] = []  # the same, those dispatched into a full batch
         self._binding = False
 
     def note_binding(self) -> None:
@@ -185,7 +198,9 @@ class AdaptiveLimit:
     def on_itl(self, dispatched_at: float, itl_s: float, full: bool = True) -> None:
         if dispatched_at >= self.decreased_at:
             self._itls.append(itl_s)
-            self._fresh_itls += dispatched_at >= self.changed_at and full
+            if dispatched_at >= self.changed_at and full:
+                self._fresh_itls += 1
+                self._full_itls.append(itl_s)
         self._maybe_update()
 
     def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome, full: bool = True) -> None:
@@ -230,8 +245,21 @@ class AdaptiveLimit:
         if p > 1:
             self.slow_start = False
             return max(self.floor, limit * max(cfg.max_decrease, 1 / p))
-        if p < cfg.tolerance and self._binding and self._fresh_itls:
+        rate = limit / quantile(self._full_itls, 50) if self._full_itls else None
+        if rate is not None and self._raised_from is not None:
+            before, before_rate = self._raised_from
+            self._raised_from = None
+            if rate < before_rate * (1 + cfg.min_gain):
+                self.slow_start = False  # the raise bought no throughput: back, and stay a while
+                self._hold = cfg.hold_windows
+                return max(self.floor, before)
+        if self._hold:
+            self._hold -= 1
+            return limit
+        if p < cfg.tolerance and self._binding and self._fresh_itls and limit < self.ceiling:
             grown = limit * 2 if self.slow_start else limit + max(1.0, math.sqrt(limit))
+            if rate is not None:
+                self._raised_from = (limit, rate)
             return min(self.ceiling, grown)
         return limit
 
