@@ -63,10 +63,10 @@ class ClosedLoop:
 
 
 def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engine, sidecar_factory, client):
-    set_latency(client, engine.url, 0.0, 0.01)  # fast: 10 tokens in 0.1 s
     env = {"PALMYRA_ADMISSION_MAX_LIMIT": "16", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
            "PALMYRA_ADMISSION_WINDOW_S": "0.2"}
-    with sidecar_factory(engine.url, **env) as sc:
+    with sidecar_factory(engine.url, **env) as sc:  # ready first: warmup must not meet the slow engine
+        set_latency(client, engine.url, 0.0, 0.01)  # fast: 10 tokens in 0.1 s
         limit = lambda: sample(client, sc.url, "palmyra_concurrency_limit")  # noqa: E731
         assert limit() == 2 and sample(client, sc.url, "palmyra_concurrency_ceiling") == 16
         with ClosedLoop(sc.url, 12, 10) as load:
@@ -83,11 +83,11 @@ def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engin
 
 
 def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine, sidecar_factory, client):
-    # An engine that takes ~1 s per request and admits two at a time: 2 req/s.
-    set_latency(client, engine.url, 0.3, 0.15)
     env = {"PALMYRA_ADMISSION_MAX_LIMIT": "2", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
            "PALMYRA_ADMISSION_MIN_LIMIT": "2"}
     with sidecar_factory(engine.url, **env) as sc:
+        # An engine that takes ~1 s per request and admits two at a time: 2 req/s.
+        set_latency(client, engine.url, 0.3, 0.15)
         for _ in range(3):  # teach the gate the engine's service time and TTFT
             assert client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=5, stream=True)).status_code == 200
         max_wait = sample(client, sc.url, "palmyra_queue_max_wait_seconds")
@@ -124,9 +124,9 @@ def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine
 
 
 def test_non_generation_routes_bypass_the_adaptive_gate(engine, sidecar_factory, client):
-    set_latency(client, engine.url, 0.0, 0.3)
     env = {"PALMYRA_ADMISSION_MAX_LIMIT": "1", "PALMYRA_ADMISSION_MIN_LIMIT": "1", "PALMYRA_MAX_QUEUE": "1"}
     with sidecar_factory(engine.url, **env) as sc:
+        set_latency(client, engine.url, 0.0, 0.3)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             busy = pool.submit(client.post, f"{sc.url}/v1/completions", json=completion(max_tokens=10, stream=True))
             wait_until(lambda: sample(client, sc.url, "palmyra_in_flight_requests") == 1, 5, "the only slot taken")
