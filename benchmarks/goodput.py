@@ -319,6 +319,47 @@ async def closed_loop_rate(base: str, headers: list[tuple[bytes, bytes]], concur
     return concurrency / (sum(times) / len(times))
 
 
+class LimitWatch:
+    """Samples the sidecar's admission gauges every 0.5 s while a rate runs (a thread: the load's
+    event loop stays the load's): the limit it settled on, and how it got there."""
+
+    GAUGES = ("palmyra_concurrency_limit", "palmyra_concurrency_ceiling", "palmyra_in_flight_requests",
+              "palmyra_queued_requests")
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url, self.trace = url, []
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from helpers import procs
+
+        while not self._stop.wait(0.5):
+            try:
+                _, text = procs.http_get(f"{self.url}/metrics")
+            except OSError:
+                continue
+            values = {}
+            for name in self.GAUGES:
+                m = re.search(rf"^{name} (\S+)", text.decode(), re.MULTILINE)
+                values[name.removeprefix("palmyra_")] = float(m.group(1)) if m else None
+            self.trace.append([round(time.monotonic() - self.t0, 1), values["concurrency_limit"],
+                               values["in_flight_requests"], values["queued_requests"]])
+            self.ceiling = values["concurrency_ceiling"]
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        limits = [t[1] for t in self.trace if t[1] is not None]
+        return {"ceiling": getattr(self, "ceiling", None), "limit_min": min(limits, default=None),
+                "limit_max": max(limits, default=None), "limit_last": limits[-1] if limits else None,
+                "trace": self.trace}  # [s, limit, in flight, queued]
+
+
 def engine_idle(engine_url: str, timeout_s: float) -> None:
     """Wait until the engine runs and queues nothing, so one rate's backlog does not bill the next."""
     from helpers import procs
@@ -339,11 +380,14 @@ def run(args: argparse.Namespace) -> dict:
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of open streams at 4x
-    sidecar_env = dict(kv.split("=", 1) for kv in args.sidecar_env)
+    # The sidecar as a CPU deployment runs it: `up` and the Kubernetes CPU overlay tell it the
+    # platform, which sets its admission ceiling (vLLM's CPU max-num-seqs, 128; docs/admission.md).
+    sidecar_env = {"PALMYRA_PLATFORM": "cpu", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
     model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory() as tmp:
-        log_dir = Path(tmp)
+        log_dir = args.log_dir or Path(tmp)  # --log-dir keeps the engine's and sidecar's logs
+        log_dir.mkdir(parents=True, exist_ok=True)
         with procs.engine(model, log_dir) as engine, \
                 procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key, extra_env=sidecar_env) as sidecar:
             engine_auth = [(b"authorization", f"Bearer {engine.api_key}".encode()),
@@ -367,12 +411,15 @@ def run(args: argparse.Namespace) -> dict:
                 for name in order:
                     engine_idle(engine.url, 120)
                     base, headers = targets[name]
+                    watch = LimitWatch(sidecar.url) if name == "sidecar" else None
                     # The same arrival times for both targets; distinct prompts (no prefix-cache hits).
                     results = asyncio.run(open_loop(base, headers, rate, args.seconds, args.drain_s,
                                                     1000 * args.seed + i,
                                                     1000 * args.seed + 10 * i + list(targets).index(name),
                                                     args.max_tokens))
                     row = summarize_rate(results, args.seconds, args.ttft_slo, args.itl_slo, args.max_tokens)
+                    if watch is not None:
+                        row["admission"] = watch.stop()
                     point["targets"][name] = row
                     if args.raw:
                         row["requests"] = [[r.status, r.ttft_s, r.itl_s, r.tokens, r.done, r.unfinished, r.waited_s]
@@ -380,7 +427,10 @@ def run(args: argparse.Namespace) -> dict:
                     print(f"{multiple:g}x {rate:6.1f}/s {name:10} goodput {row['goodput_per_s']:5.1f}/s  "
                           f"ttft p50 {row['ttft_p50_s'] or 0:.2f} p99 {row['ttft_p99_s'] or 0:.2f}  "
                           f"refused {row['refused']} errors {row['errors']} unfinished {row['unfinished']} "
-                          f"of {row['sent']}", flush=True)
+                          f"of {row['sent']}"
+                          + (f"  limit {row['admission']['limit_min']:g}-{row['admission']['limit_max']:g}"
+                             if row.get("admission") and row["admission"]["limit_min"] is not None else ""),
+                          flush=True)
                 point["targets"] = {name: point["targets"][name] for name in targets}
                 points.append(point)
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -417,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="a title suffix, e.g. 'baseline'")
     parser.add_argument("--name", default="goodput", help="file name stem under --out")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep the engine's and sidecar's logs here")
     args = parser.parse_args(argv)
     doc = run(args)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -177,13 +177,21 @@ def service() -> dict:
             ], unit="percentunit", desc="Share of all requests; no line means no such responses."),
             panel("Rejections by reason", [target(f"sum by (reason) ({rate('palmyra_rejections_total', s)})",
                                                   "{{reason}}")], unit="reqps",
-                  desc="The sidecar's own refusals: 429 queue, 413 body, 400 max_tokens, 401 auth, 503 draining."),
+                  desc="The sidecar's own refusals: 429 admission (slo_unreachable, queue_full, queue_timeout), "
+                       "413 body, 400 max_tokens, 401 auth, 503 draining."),
             panel("Upstream errors by kind", [target(
                 f"sum by (kind) ({rate('palmyra_upstream_errors_total', s)})", "{{kind}}")], unit="reqps"),
-            panel("In-flight and queued", [
+            panel("In-flight, queued and limit", [
                 target(f"sum by (instance) (palmyra_in_flight_requests{{{s}}})", "in flight {{instance}}"),
                 target(f"sum by (instance) (palmyra_queued_requests{{{s}}})", "queued {{instance}}"),
-            ]),
+                target(f"sum by (instance) (palmyra_concurrency_limit{{{s}}})", "limit {{instance}}"),
+                target(f"sum by (instance) (palmyra_concurrency_ceiling{{{s}}})", "ceiling {{instance}}"),
+            ], desc="Admission: the limit on requests in the engine (adaptive by default) under its ceiling."),
+            panel("Queue wait", [
+                *quantiles("palmyra_queue_wait_seconds", s, qs=(0.5, 0.99)),
+                target(f"max(palmyra_queue_max_wait_seconds{{{s}}})", "max allowed"),
+            ], unit="s", desc="Wait for an admission slot (0 when one was free); adaptive admission bounds it "
+                              "by what the TTFT SLO leaves."),
         ]),
         ("Latency (as clients see it)", [
             panel("Time to first token", quantiles("palmyra_time_to_first_token_seconds", llm), unit="s"),

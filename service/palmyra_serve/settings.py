@@ -73,10 +73,45 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(5.0, description="Connecting to the engine; refused or slower is 503.")
     read_timeout_s: float = Field(120.0, description="Longest silence from the engine inside one request before 504.")
 
-    # --- sidecar: admission ---------------------------------------------------------------
-    max_in_flight: int = Field(64, description="Requests relayed to the engine at once; more wait in the queue.")
-    max_queue: int = Field(256, description="Requests waiting for a slot; beyond that 429.")
-    queue_timeout_s: float = Field(30.0, description="Longest wait in the queue before 429.")
+    # --- sidecar: admission (docs/admission.md) -------------------------------------------
+    admission_mode: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: the limit on requests in the engine follows measured latency against the SLOs, "
+        "under a ceiling read from the engine, and the queue holds only what can start within the TTFT SLO; "
+        "fixed: max_in_flight, max_queue and queue_timeout_s as set.",
+    )
+    max_in_flight: int = Field(
+        64, description="fixed mode: requests relayed to the engine at once; more wait in the queue."
+    )
+    max_queue: int = Field(256, description="Requests waiting for a slot (both modes: a hard cap); beyond that 429.")
+    queue_timeout_s: float = Field(
+        30.0, description="fixed mode: longest wait in the queue before 429 (adaptive derives it from slo_ttft_s)."
+    )
+    slo_ttft_s: float = Field(2.0, description="Time-to-first-token objective (adaptive admission; bench/validate's).")
+    slo_itl_s: float = Field(0.25, description="Mean inter-token gap objective (adaptive admission).")
+    admission_min_limit: int = Field(2, description="adaptive: the lowest the limit goes.")
+    admission_max_limit: int | None = Field(
+        None,
+        description="adaptive: the highest the limit goes; unset: from the engine at start, "
+        "min(max-num-seqs, KV cache / admission_kv_tokens_per_request).",
+    )
+    admission_initial_limit: int | None = Field(
+        None, description="adaptive: where the limit starts; unset: half the ceiling."
+    )
+    admission_kv_tokens_per_request: int = Field(
+        2048, description="adaptive: KV-cache tokens one request is expected to hold (bounds the ceiling)."
+    )
+    admission_ttft_engine_share: float = Field(
+        0.5, description="adaptive: share of slo_ttft_s the engine's own TTFT may use; the rest is queue."
+    )
+    admission_itl_share: float = Field(
+        0.8, description="adaptive: the limit is cut when the ITL p90 passes this share of slo_itl_s."
+    )
+    admission_queue_headroom: float = Field(
+        0.1, description="adaptive: share of slo_ttft_s kept out of the queue's wait (margin for the tail)."
+    )
+    admission_window_s: float = Field(1.0, description="adaptive: shortest interval between limit changes.")
+    retry_after_max_s: int = Field(30, description="adaptive: cap on a computed Retry-After (429).")
     max_body_bytes: int = Field(
         768 * 1024,
         description="Largest request body; larger is 413. 768 KiB is 6x the largest prompt max-model-len 8192 admits "
@@ -93,7 +128,9 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(
         20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap)."
     )
-    retry_after_s: int = Field(1, description="Retry-After seconds on 429 and 503.")
+    retry_after_s: int = Field(
+        1, description="Retry-After seconds on 503 (and on 429 in fixed mode; adaptive computes it from the queue)."
+    )
 
     # --- sidecar: front end (bounds on what a client connection may cost) ----------------
     max_connections: int = Field(

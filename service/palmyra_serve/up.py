@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from palmyra_serve.engine.launcher import detect_platform
 from palmyra_serve.model.resolve import resolve
 from palmyra_serve.settings import Settings
 
@@ -88,7 +89,9 @@ def run_up(settings: Settings) -> int:
     env["PALMYRA_DTYPE"] = settings.dtype
     # One local replica: no endpoints or gateways to stop routing to it, so Ctrl-C need not wait.
     env.setdefault("PALMYRA_DRAIN_PROPAGATION_S", "0")
-    env["PALMYRA_PLATFORM"] = settings.platform
+    # Resolved here, not left at auto: the sidecar has no torch to detect it and sizes its admission
+    # ceiling by it (vLLM's default max-num-seqs: 128 on CPU, 256 on an accelerator; docs/admission.md).
+    env["PALMYRA_PLATFORM"] = detect_platform() if settings.platform == "auto" else settings.platform
     if settings.enforce_eager:
         env["PALMYRA_ENFORCE_EAGER"] = "true"
     # Auth fails closed everywhere else; the local quick start on loopback is the one place that

@@ -24,7 +24,9 @@ def gauge(client: httpx.Client, url: str, name: str) -> float:
 
 
 def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine, sidecar_factory, client):
-    with sidecar_factory(engine.url, PALMYRA_MAX_IN_FLIGHT="1", PALMYRA_MAX_QUEUE="1") as sc:
+    # Fixed mode, the manual settings: one in flight, one queued (adaptive: tests/app/test_admission_adaptive_live.py).
+    with sidecar_factory(engine.url, PALMYRA_ADMISSION_MODE="fixed", PALMYRA_MAX_IN_FLIGHT="1",
+                         PALMYRA_MAX_QUEUE="1") as sc:
         slow = completion("fake:slow", max_tokens=5, stream=True)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             first = pool.submit(client.post, f"{sc.url}/v1/completions", json=slow)

@@ -112,7 +112,9 @@ def module_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sidecar(module_log_dir: Path) -> Iterator[procs.Server]:
-    env = {"PALMYRA_MAX_IN_FLIGHT": str(LIMIT), "PALMYRA_MAX_QUEUE": "32", "PALMYRA_QUEUE_TIMEOUT_S": "60",
+    # Fixed mode: the test needs a capacity it knows (the adaptive limit would move with the fake's latency).
+    env = {"PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": str(LIMIT), "PALMYRA_MAX_QUEUE": "32",
+           "PALMYRA_QUEUE_TIMEOUT_S": "60",
            "PALMYRA_CANARY_INTERVAL_S": "5", "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.5"}
     with procs.fake_engine(module_log_dir) as engine, \
             procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server:

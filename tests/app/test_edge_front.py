@@ -18,7 +18,8 @@ from helpers.waiting import wait_until
 MIB = 1024 * 1024
 
 
-ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions"}  # warmup and canary use them too
+# warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
+ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
 
 
 def leaked(client, engine, marker: str) -> list[str]:

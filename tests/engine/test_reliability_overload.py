@@ -1,10 +1,13 @@
-"""Overload at several times capacity: with 4 slots and a queue of 4, bursts of 48 concurrent requests
-hit the real sidecar in front of the real engine. Excess requests get a fast 429 with Retry-After,
-admitted ones finish with bounded latency, and every request gets an answer (none times out)."""
+"""Overload at several times capacity: bursts of 48 concurrent requests hit the real sidecar in front
+of the real engine. Excess requests get a fast 429 with Retry-After, admitted ones finish with
+bounded latency, and every request gets an answer (none times out). Twice: fixed admission with 4
+slots and a queue of 4 (the manual settings), and adaptive admission (the default, docs/admission.md),
+whose queue wait is bounded by the TTFT SLO."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -25,7 +28,8 @@ QUEUE_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
-    env = {**FAST, "PALMYRA_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "PALMYRA_MAX_QUEUE": str(MAX_QUEUE),
+    env = {**FAST, "PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT),
+           "PALMYRA_MAX_QUEUE": str(MAX_QUEUE),
            "PALMYRA_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S), "PALMYRA_READ_TIMEOUT_S": "30"}
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
@@ -97,3 +101,49 @@ def test_overload_gets_fast_429s_and_bounded_latency_for_the_admitted(sidecar):
     assert sidecar_metric(sidecar.url, "palmyra_in_flight_requests") == 0
     assert sidecar_metric(sidecar.url, "palmyra_queued_requests") == 0
     assert generate_ok(sidecar.url)
+
+
+@pytest.fixture(scope="module")
+def adaptive_sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
+    # Admission's defaults except the ceiling: 8, so that a burst of 48 overloads it (the engine's
+    # own ceiling here, 128 or 256, would admit the whole burst and refuse nothing).
+    env = {**FAST, "PALMYRA_READ_TIMEOUT_S": "30", "PALMYRA_ADMISSION_MAX_LIMIT": "8"}
+    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
+        yield server
+
+
+def test_adaptive_overload_bounds_the_queue_by_the_slo_and_refuses_the_rest_fast(adaptive_sidecar):
+    sc = adaptive_sidecar
+    for _ in range(3):  # the engine's latency, learnt by the gate
+        assert HTTP.post(f"{sc.url}/v1/completions", timeout=60,
+                         json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)).status_code == 200
+    results = []
+    for _ in range(WAVES):
+        results += asyncio.run(burst(sc.url, BURST))
+    accepted = [took for status, took, _ in results if status == 200]
+    rejected = [(took, ra) for status, took, ra in results if status == 429]
+    other = [status for status, _, _ in results if status not in (200, 429)]
+    wait_until(lambda: sum(len(access_durations_s(sc.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
+               5, "every request in the access log")
+    sidecar_rejected = access_durations_s(sc.log(), 429)
+    waits = [json.loads(line).get("queue_ms", 0) / 1000 for line in sc.log().splitlines()
+             if '"palmyra.access"' in line and '"status":200' in line]
+    reasons = {r: sidecar_metric(sc.url, f'palmyra_rejections_total{{reason="{r}"}}')
+               for r in ("slo_unreachable", "queue_full", "queue_timeout")}
+    figure("overload (adaptive)", sent=len(results), accepted=len(accepted), rejected=len(rejected), other=other,
+           limit=sidecar_metric(sc.url, "palmyra_concurrency_limit"),
+           ceiling=sidecar_metric(sc.url, "palmyra_concurrency_ceiling"), reasons=reasons,
+           max_queue_wait_s=round(max(waits, default=0.0), 3),
+           admitted_p50_s=round(percentile(accepted, 50), 3), rejected_p99_s=round(percentile(
+               [t for t, _ in rejected], 99), 3) if rejected else None)
+    assert not other, f"every request must get 200 or 429, got {other}"
+    assert accepted, "some of every burst is served"
+    assert all(ra is not None and int(ra) >= 1 for _, ra in rejected), "every 429 carries Retry-After"
+    assert sum(reasons.values()) == len(rejected), "every refusal counted under its reason"
+    # What is admitted may wait at most what the 2 s TTFT SLO leaves (the default SLO).
+    assert max(waits, default=0.0) <= 2.0, waits
+    assert rejected, "a burst of 48 on 8 slots is refused in part"
+    assert percentile(sidecar_rejected, 50) < 0.1, "a rejection must be fast"
+    assert sidecar_metric(sc.url, "palmyra_in_flight_requests") == 0
+    assert sidecar_metric(sc.url, "palmyra_queued_requests") == 0
+    assert generate_ok(sc.url)

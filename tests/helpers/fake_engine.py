@@ -18,7 +18,9 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
 POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
-"metrics": "ok"|"huge"|"fail"} changes the default behaviour; GET /fake/stats reports what it saw
+"metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S} changes the default behaviour
+(the two delays: the latency of a normal stream, before its first chunk and between chunks, which
+the adaptive-admission tests turn up and down); GET /fake/stats reports what it saw
 (aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S]
 """
@@ -32,7 +34,7 @@ import time
 
 from aiohttp import web
 
-STATE = {"health": "ok", "generate": "ok", "metrics": "ok"}
+STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0}
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
                 b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
@@ -170,8 +172,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
                                   "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}})
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
-    delay = 0.3 if mode == "fake:slow" else 0.0
+    delay = 0.3 if mode == "fake:slow" else float(STATE["token_delay_s"])
     try:
+        if STATE["first_delay_s"]:
+            await asyncio.sleep(float(STATE["first_delay_s"]))
         for i in range(n):
             if mode == "fake:die" and i == 3:
                 request.transport.close()  # the engine vanishes mid-stream

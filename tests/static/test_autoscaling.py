@@ -145,8 +145,13 @@ def test_concurrency_limit_is_the_admission_limit():
     """The denominator is what the replica admits, not a constant: change the setting, it follows."""
     for limit in (4, 64):
         metrics = SidecarMetrics()
-        SidecarState(Settings(max_in_flight=limit, auth_disabled=True), metrics)
+        SidecarState(Settings(admission_mode="fixed", max_in_flight=limit, auth_disabled=True), metrics)
         assert metrics.registry.get_sample_value("palmyra_concurrency_limit") == limit
+    for ceiling in (16, 200):  # adaptive (the default): the limit of the moment, under its ceiling
+        metrics = SidecarMetrics()
+        state = SidecarState(Settings(admission_max_limit=ceiling, auth_disabled=True), metrics)
+        assert metrics.registry.get_sample_value("palmyra_concurrency_limit") == state.admission.limit == ceiling // 2
+        assert metrics.registry.get_sample_value("palmyra_concurrency_ceiling") == ceiling
 
 
 def test_query_arithmetic_on_synthetic_replicas(tmp_path):

@@ -153,13 +153,14 @@ def test_limit_falls_to_the_floor_when_latency_stays_high() -> None:
 
 
 def test_limit_settles_where_the_engine_meets_the_slo() -> None:
-    # ITL = 0.01 s x in_flight: the 0.8 x 0.25 s = 0.2 s target is met up to 20 in flight.
+    # ITL = 0.01 s x in_flight: the 0.8 x 0.25 s = 0.2 s target is met up to 20 in flight, and the
+    # token rate (in flight / ITL) is flat above 4: a raise buys nothing, so the limit stays low.
     gate, clock = make(ceiling=128, initial_limit=4)
     sim = Sim(gate, clock, batch_bound)
     sim.run(rate=100, seconds=90)
     settled = sim.limits[len(sim.limits) // 2:]
     assert max(sim.limits) <= 128
-    assert 10 <= min(settled) and max(settled) <= 30, (min(settled), max(settled))
+    assert gate.config.min_limit <= min(settled) and max(settled) <= 30, (min(settled), max(settled))
     good = sum(t <= 2.0 for t in sim.client_ttfts[len(sim.client_ttfts) // 2:])
     assert good / len(sim.client_ttfts[len(sim.client_ttfts) // 2:]) > 0.95
 
@@ -290,3 +291,39 @@ def test_bad_config_is_refused() -> None:
         LimitConfig(min_limit=0)
     with pytest.raises(ValueError):
         LimitConfig(ttft_engine_share=1.5)
+
+
+def test_growth_is_earned_only_in_a_full_batch() -> None:
+    """After a raise the batch fills over a while; fast streams of a half-full batch must not raise
+    it again (measured on the CPU engine: slow start doubled 64 -> 256 in two windows that way)."""
+    gate, clock = make(ceiling=256, initial_limit=8, min_samples=1, window_s=0.0)
+    tickets = [gate.arrive().ticket for _ in range(8)]  # the last one fills the batch
+    assert [t.full for t in tickets if t] == [False] * 7 + [True]
+    assert gate.arrive().action == "queue"  # demand beyond the limit: it binds
+    clock.now += 0.1
+    first = tickets[0]
+    assert first is not None
+    gate.inter_token(first, 0.01)  # fast, but dispatched into a batch not yet full
+    assert gate.limit == 8
+    last = tickets[-1]
+    assert last is not None
+    gate.arrive()  # still binding in this window
+    gate.inter_token(last, 0.01)  # fast in a full batch: now it grows (slow start doubles)
+    assert gate.limit == 16
+
+
+def knee(in_flight: int) -> tuple[float, float]:
+    """An engine whose token rate rises with the batch up to 16 streams and falls beyond (as the
+    2-core CPU engine's did past ~50), while every stream stays inside the ITL SLO up to ~74."""
+    c = max(1, in_flight)
+    return 0.05, 0.02 if c <= 16 else 0.02 * (c / 16) ** 1.5
+
+
+def test_a_raise_that_buys_no_throughput_is_undone() -> None:
+    gate, clock = make(ceiling=128, initial_limit=8, window_s=0.5)
+    sim = Sim(gate, clock, knee)
+    sim.run(rate=400, seconds=120)
+    settled = sim.limits[len(sim.limits) // 2:]
+    assert max(sim.limits) >= 16, "slow start climbs while the rate rises"
+    assert max(settled) <= 40, f"held near the knee (16), not at the SLO's bound (~74): {max(settled)}"
+    assert not gate.limiter.slow_start

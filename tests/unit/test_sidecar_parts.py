@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.admission import Admission, Draining, Refused
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.metrics import SidecarMetrics
@@ -27,9 +27,9 @@ def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
         tasks = [asyncio.create_task(waiter(n)) for n in ("a", "b")]
         await asyncio.sleep(0)
         assert adm.queued == 2
-        with pytest.raises(errors.ApiError) as exc:
+        with pytest.raises(Refused) as exc:
             await adm.acquire()
-        assert exc.value.status == 429 and exc.value.retry_after == 2
+        assert exc.value.reason == errors.QUEUE_FULL and exc.value.retry_after_s == 2
         adm.release()
         await asyncio.sleep(0)
         adm.release()
@@ -43,15 +43,14 @@ def test_admission_queue_timeout_and_drain():
     async def scenario():
         adm = Admission(max_in_flight=1, max_queue=5, queue_timeout_s=0.05, retry_after_s=1)
         await adm.acquire()
-        with pytest.raises(errors.ApiError) as exc:
+        with pytest.raises(Refused) as exc:
             await adm.acquire()
-        assert exc.value.code == "queue_timeout" and adm.queued == 0
+        assert exc.value.reason == errors.QUEUE_TIMEOUT and adm.queued == 0
         drained = asyncio.create_task(adm.drain(5))
         while not adm.draining:  # the drain task has begun
             await asyncio.sleep(0)
-        with pytest.raises(errors.ApiError) as exc:
+        with pytest.raises(Draining):
             await adm.acquire()
-        assert exc.value.status == 503
         assert not drained.done()
         adm.release()
         assert await drained is True

@@ -57,6 +57,17 @@ class AdaptiveAdmission:
     def limit(self) -> int:
         return self.gate.limit
 
+    @property
+    def ceiling(self) -> int:
+        return self.gate.ceiling
+
+    @property
+    def probe_tokens(self) -> int:
+        return self.gate.config.probe_tokens
+
+    def max_queue_wait_s(self) -> float:
+        return self.gate.max_queue_wait_s()
+
     async def acquire(self) -> Ticket:
         """A slot in the engine, after a wait the TTFT SLO allows; Refused (at once when the queue
         cannot be served in time) or Draining otherwise."""

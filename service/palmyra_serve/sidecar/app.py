@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.admission import build_admission, learn_ceiling
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
@@ -49,11 +49,11 @@ class SidecarState:
         self.settings = settings
         self.metrics = metrics
         self.health = HealthState(metrics, settings.liveness_budget_s)
-        self.admission = Admission(
-            settings.max_in_flight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s
-        )
+        self.admission = build_admission(settings)
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
-        metrics.concurrency_limit.set_function(lambda: self.admission.max_in_flight)
+        metrics.bind_admission(
+            lambda: self.admission.limit, lambda: self.admission.ceiling, self.admission.max_queue_wait_s
+        )
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
         self.session: aiohttp.ClientSession | None = None
 
@@ -75,6 +75,23 @@ class SidecarState:
             extra={"fields": {"in_flight": self.admission.in_flight}},
         )
         return emptied
+
+
+async def read_engine_capacity(state: SidecarState, engine: EngineClient, interval_s: float) -> None:
+    """Adaptive admission's ceiling comes from the engine (docs/admission.md): read its /metrics once
+    it answers, retrying until then. Nothing to do in fixed mode or under an operator's ceiling."""
+    if state.settings.admission_mode == "fixed" or state.settings.admission_max_limit is not None:
+        return
+    while True:
+        try:
+            asked = {"Accept-Encoding": "identity"}  # the text itself, whatever the session decompresses
+            page = await engine.metrics(asked, ENGINE_METRICS_TIMEOUT_S, ENGINE_METRICS_MAX_BYTES)
+            if page.status == 200:
+                learn_ceiling(state.admission, state.settings, page.body.decode("utf-8", "replace"))
+                return
+        except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge):
+            pass  # not up yet: the health poller reports that; try again
+        await asyncio.sleep(interval_s)
 
 
 class SidecarApp:
@@ -131,6 +148,7 @@ def create_app(
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
             asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
+            asyncio.create_task(read_engine_capacity(state, engine, settings.health_poll_interval_s)),
         ]
         log.info(
             "sidecar started",

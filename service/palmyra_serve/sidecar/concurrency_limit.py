@@ -22,20 +22,32 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   p < `tolerance` and the limit was binding in the window (a request found no free slot): increase,
   doubling while in slow start (until the first decrease, as TCP), then by max(1, sqrt(limit)) per
   window (Envoy's headroom); else hold. An engine error or timeout (outcome "drop") halves it (AIMD).
+- A raise must pay: the SLO allows streams to slow down to the ITL target, but on an engine whose
+  throughput falls past its knee (this 2-core CPU: ~19 req/s at 50 streams, ~14 at 128 with every
+  stream still inside the SLO) a limit held only by the SLO settles where goodput is lower. So each
+  window with fresh full-batch ITL samples estimates the engine's token rate, limit / median(ITL)
+  (Little's law on the batch), and a raise whose rate is not `min_gain` above the rate measured at
+  the limit it came from is undone (ending slow start) and no raise is tried for `hold_windows`
+  windows: a hill climb on throughput under the SLO's ceiling, in the spirit of Gradient2's
+  comparison of latency with its long-run value.
 - Feedback must be quick or the loop overshoots: a 64-token stream at 1 s per token reports its
   mean ITL after a minute. So the relay also reports each stream's mean gap over its first
   `probe_tokens` tokens (inter_token()), a few hundred milliseconds into the stream, besides the
   whole stream's at its end.
 - Only samples from requests dispatched after the last decrease count (one cut per round trip, as
   TCP), so the slow streams that caused a cut do not cut again; and the limit grows only on ITL
-  samples from requests dispatched after the last change (growth is earned at the new limit; the
-  TTFT of a fresh request comes first but says little about how the batch slows every stream).
+  samples from requests dispatched after the last change *into a full batch* (in flight at the
+  limit): growth is earned at the new limit. The TTFT of a fresh request comes first but says
+  little about how the batch slows every stream, and the first streams after a raise run in a
+  batch still filling up (measured: without the full-batch condition, slow start doubled 64 -> 256
+  in two windows at 2x capacity while the streams admitted at 256 were all late).
 - Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see engine_capacity.py:
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
 - Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
 
-The queue: a request that finds no free slot may wait at most what the TTFT SLO leaves after the
-expected engine TTFT: max_wait = max(0, ttft_slo_s - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
+The queue: a request that finds no free slot may wait at most what the TTFT SLO (less a headroom,
+`queue_headroom` of it) leaves after the expected engine TTFT:
+max_wait = max(0, ttft_slo_s x (1 - queue_headroom) - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
 engine TTFT and its mean deviation (Jacobson's estimator, as TCP's retransmission timeout). On
 arrival its expected wait is W = (queued + 1) / mu, mu = limit / mean service time (Little's law on
 a saturated engine). W > max_wait: refused at once (429, reason "slo_unreachable"), costing nothing
@@ -44,20 +56,8 @@ that passes. `max_queue` stays a hard cap ("queue_full"). Every refusal carries
 Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time the queue needs, at
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
-Settings it needs (to be added to settings.py; names and defaults; docs/admission.md has the table):
-    PALMYRA_ADMISSION_MODE=adaptive          adaptive | fixed (fixed uses PALMYRA_MAX_IN_FLIGHT)
-    PALMYRA_MAX_IN_FLIGHT=64                 the fixed limit (existing setting)
-    PALMYRA_MAX_QUEUE=256                    hard cap on waiters (existing setting)
-    PALMYRA_ADMISSION_MIN_LIMIT=2            the floor
-    PALMYRA_ADMISSION_MAX_LIMIT=             the ceiling; empty: from the engine (engine_capacity.py)
-    PALMYRA_ADMISSION_INITIAL_LIMIT=8
-    PALMYRA_ADMISSION_KV_TOKENS_PER_REQUEST=2048   KV tokens one request holds (engine_capacity.py)
-    PALMYRA_SLO_TTFT_S=2.0                   the TTFT SLO (bench/validate's default)
-    PALMYRA_SLO_ITL_S=0.25                   the mean inter-token gap SLO
-    PALMYRA_ADMISSION_TTFT_ENGINE_SHARE=0.5  share of the TTFT SLO the engine may use; the rest is queue
-    PALMYRA_ADMISSION_ITL_SHARE=0.8          target ITL as a share of its SLO (margin for the tail)
-    PALMYRA_ADMISSION_WINDOW_S=1.0
-    PALMYRA_RETRY_AFTER_MAX_S=30
+The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
+docs/admission.md; admission.build_admission() maps them.
 Nothing here does I/O or touches asyncio: admission.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
@@ -70,13 +70,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from palmyra_serve.sidecar import errors
+
 Mode = Literal["adaptive", "fixed"]
 Outcome = Literal["ok", "drop", "ignore"]  # ok: measured; drop: engine error/timeout; ignore: say nothing
 
-# Refusal reasons: the values of palmyra_rejections{reason} (metrics.REJECTION_REASONS).
-QUEUE_FULL = "queue_full"
-QUEUE_TIMEOUT = "queue_timeout"
-SLO_UNREACHABLE = "slo_unreachable"
+# Refusal reasons: error codes (errors.py, the one vocabulary), also palmyra_rejections{reason}.
+QUEUE_FULL = errors.QUEUE_FULL
+QUEUE_TIMEOUT = errors.QUEUE_TIMEOUT
+SLO_UNREACHABLE = errors.SLO_UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class LimitConfig:
     itl_slo_s: float = 0.25
     ttft_engine_share: float = 0.5
     itl_share: float = 0.8
+    # Share of the TTFT SLO kept out of the queue's budget, so what is admitted at the edge of the
+    # wait still has margin for the engine's tail (without it queue + TTFT rode at 1.9-2.0 s at p99).
+    queue_headroom: float = 0.0
     quantile: float = 90.0
     tolerance: float = 0.8
     max_decrease: float = 0.5
@@ -98,6 +103,8 @@ class LimitConfig:
     max_window_s: float = 10.0
     retry_after_max_s: int = 30
     probe_tokens: int = 8  # the relay reports a stream's mean gap after this many tokens
+    min_gain: float = 0.05  # a raise must lift the estimated token rate this much, else it is undone
+    hold_windows: int = 10  # windows without a raise after an undone one
 
     def __post_init__(self) -> None:
         if self.min_limit < 1 or self.fixed_limit < 1 or self.initial_limit < 1:
@@ -106,6 +113,8 @@ class LimitConfig:
             raise ValueError("shares must be in (0, 1], tolerance in (0, 1)")
         if not 0 < self.max_decrease < 1:
             raise ValueError("max_decrease must be in (0, 1)")
+        if not 0 <= self.queue_headroom < 1:
+            raise ValueError("queue_headroom must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,10 @@ class Ticket:
 
     dispatched_at: float
     queue_wait_s: float
+    # Dispatched into a full batch (in flight reached the limit): its latency shows what the
+    # current limit costs. Growth is earned only on such samples: right after a raise the batch
+    # fills over a second or more, and early streams of a half-filled batch look fast.
+    full: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,13 +157,25 @@ class AdaptiveLimit:
         self.ttft_target_s = config.ttft_slo_s * config.ttft_engine_share
         self.itl_target_s = config.itl_slo_s * config.itl_share
         self.slow_start = True
-        self.decreased_at = self.changed_at = clock()
+        self.decreased_at = self.changed_at = self._created_at = clock()
         self.last_pressure: float | None = None
+        self._raised_from: tuple[float, float] | None = None  # (limit, token rate there) before the last raise
+        self._hold = 0  # windows left without a raise
         self._reset_window(self.decreased_at)
 
     @property
     def limit(self) -> int:
         return int(self._limit)
+
+    def set_ceiling(self, ceiling: int, initial: int | None = None) -> None:
+        """The engine's capacity, learned after start. `initial`: where to start instead, if the
+        limit has not moved yet (before the engine answered, the ceiling was a guess)."""
+        self.ceiling = max(ceiling, self.floor)
+        if self.config.mode == "fixed":
+            return
+        if initial is not None and self.slow_start and self.changed_at == self._created_at:
+            self._limit = float(min(max(initial, self.floor), self.ceiling))
+        self._limit = min(self._limit, float(self.ceiling))
 
     def _reset_window(self, now: float) -> None:
         self._window_start = now
@@ -158,6 +183,7 @@ class AdaptiveLimit:
         self._itls: list[float] = []
         self._drops = 0
         self._fresh_itls = 0  # ITL samples of requests dispatched at the current limit
+        self._full_itls: list[float] = []  # the same, those dispatched into a full batch
         self._binding = False
 
     def note_binding(self) -> None:
@@ -169,15 +195,17 @@ class AdaptiveLimit:
             self._ttfts.append(ttft_s)
         self._maybe_update()
 
-    def on_itl(self, dispatched_at: float, itl_s: float) -> None:
+    def on_itl(self, dispatched_at: float, itl_s: float, full: bool = True) -> None:
         if dispatched_at >= self.decreased_at:
             self._itls.append(itl_s)
-            self._fresh_itls += dispatched_at >= self.changed_at
+            if dispatched_at >= self.changed_at and full:
+                self._fresh_itls += 1
+                self._full_itls.append(itl_s)
         self._maybe_update()
 
-    def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome) -> None:
+    def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome, full: bool = True) -> None:
         if outcome == "ok" and itl_s is not None:
-            self.on_itl(dispatched_at, itl_s)
+            self.on_itl(dispatched_at, itl_s, full)
             return
         if dispatched_at >= self.decreased_at and outcome == "drop":
             self._drops += 1
@@ -217,8 +245,21 @@ class AdaptiveLimit:
         if p > 1:
             self.slow_start = False
             return max(self.floor, limit * max(cfg.max_decrease, 1 / p))
-        if p < cfg.tolerance and self._binding and self._fresh_itls:
+        rate = limit / quantile(self._full_itls, 50) if self._full_itls else None
+        if rate is not None and self._raised_from is not None:
+            before, before_rate = self._raised_from
+            self._raised_from = None
+            if rate < before_rate * (1 + cfg.min_gain):
+                self.slow_start = False  # the raise bought no throughput: back, and stay a while
+                self._hold = cfg.hold_windows
+                return max(self.floor, before)
+        if self._hold:
+            self._hold -= 1
+            return limit
+        if p < cfg.tolerance and self._binding and self._fresh_itls and limit < self.ceiling:
             grown = limit * 2 if self.slow_start else limit + max(1.0, math.sqrt(limit))
+            if rate is not None:
+                self._raised_from = (limit, rate)
             return min(self.ceiling, grown)
         return limit
 
@@ -250,6 +291,10 @@ class ConcurrencyGate:
     def limit(self) -> int:
         return self.limiter.limit
 
+    @property
+    def ceiling(self) -> int:
+        return self.limiter.ceiling
+
     def can_dispatch(self) -> bool:
         return self.in_flight < self.limit
 
@@ -261,7 +306,8 @@ class ConcurrencyGate:
         return self._srtt + 2 * self._rttvar
 
     def max_queue_wait_s(self) -> float:
-        return max(0.0, self.config.ttft_slo_s - self.expected_ttft_s())
+        budget = self.config.ttft_slo_s * (1 - self.config.queue_headroom)
+        return max(0.0, budget - self.expected_ttft_s())
 
     def service_rate(self) -> float | None:
         """Requests per second a saturated engine completes: limit / mean service time (Little)."""
@@ -289,7 +335,7 @@ class ConcurrencyGate:
         now = self.clock()
         if self.queued == 0 and self.can_dispatch():
             self.in_flight += 1
-            return Decision("admit", ticket=Ticket(now, 0.0))
+            return Decision("admit", ticket=Ticket(now, 0.0, self.in_flight >= self.limit))
         self.limiter.note_binding()
         if self.queued >= self.config.max_queue:
             return self.refusal(QUEUE_FULL)
@@ -306,7 +352,7 @@ class ConcurrencyGate:
         now = self.clock()
         self.queued -= 1
         self.in_flight += 1
-        return Ticket(now, now - enqueued_at)
+        return Ticket(now, now - enqueued_at, self.in_flight >= self.limit)
 
     def leave_queue(self) -> None:
         self.queued -= 1
@@ -322,11 +368,11 @@ class ConcurrencyGate:
 
     def inter_token(self, ticket: Ticket, itl_s: float) -> None:
         """The stream's mean inter-token gap so far (the relay calls it once, after probe_tokens)."""
-        self.limiter.on_itl(ticket.dispatched_at, itl_s)
+        self.limiter.on_itl(ticket.dispatched_at, itl_s, ticket.full)
 
     def finish(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
         self.in_flight -= 1
         if outcome == "ok":
             took = self.clock() - ticket.dispatched_at
             self._service_s = took if self._service_s is None else 0.8 * self._service_s + 0.2 * took
-        self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome)
+        self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome, ticket.full)

@@ -44,11 +44,15 @@ ENGINE_TIMEOUT = "engine_timeout"  # no connection, or silence past the read tim
 BAD_UPSTREAM = "bad_upstream"  # not HTTP, a head over the limits, closed with no answer
 STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
 UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
+# Admission's refusals (admission.py, concurrency_limit.py): 429 with a Retry-After.
+QUEUE_FULL = "queue_full"  # the queue is at its hard cap (or, before any measurement, one round long)
+QUEUE_TIMEOUT = "queue_timeout"  # waited until the deadline without a slot
+SLO_UNREACHABLE = "slo_unreachable"  # the queue ahead cannot be served within the TTFT SLO: refused at once
+OVERLOAD_CODES = (QUEUE_FULL, QUEUE_TIMEOUT, SLO_UNREACHABLE)
 # Codes of the sidecar's own refusals, pre-created as palmyra_rejections_total series; a code
 # added below counts the same way (its series appears on first use).
 REJECTION_CODES = (
-    "queue_full",
-    "queue_timeout",
+    *OVERLOAD_CODES,
     "request_too_large",
     "request_timeout",
     "max_tokens_too_large",
@@ -93,7 +97,7 @@ def invalid_json() -> ApiError:
 
 def queue_full(retry_after: int) -> ApiError:
     return ApiError(
-        429, "The service is at capacity; retry shortly.", "rate_limit_error", "queue_full", retry_after=retry_after
+        429, "The service is at capacity; retry shortly.", "rate_limit_error", QUEUE_FULL, retry_after=retry_after
     )
 
 
@@ -102,9 +106,29 @@ def queue_timeout(retry_after: int) -> ApiError:
         429,
         "The request waited too long for a free slot; retry shortly.",
         "rate_limit_error",
-        "queue_timeout",
+        QUEUE_TIMEOUT,
         retry_after=retry_after,
     )
+
+
+def slo_unreachable(retry_after: int) -> ApiError:
+    return ApiError(
+        429,
+        "The service is at capacity: the requests ahead cannot be served within the latency objective; "
+        "retry after the indicated time.",
+        "rate_limit_error",
+        SLO_UNREACHABLE,
+        retry_after=retry_after,
+    )
+
+
+def overloaded(reason: str, retry_after: int) -> ApiError:
+    """Admission's refusal by its reason (one of OVERLOAD_CODES)."""
+    if reason == SLO_UNREACHABLE:
+        return slo_unreachable(retry_after)
+    if reason == QUEUE_TIMEOUT:
+        return queue_timeout(retry_after)
+    return queue_full(retry_after)
 
 
 def draining(retry_after: int) -> ApiError:

@@ -75,10 +75,26 @@ class SidecarMetrics:
         )
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
-        # What one replica admits to the engine at once (today max_in_flight, later an adaptive
-        # limit): the autoscaler divides demand by it (docs/autoscaling.md).
+        # What one replica admits to the engine at once (the adaptive limit, or max_in_flight in
+        # fixed mode): the autoscaler divides demand by it (docs/autoscaling.md, docs/admission.md).
         self.concurrency_limit = Gauge(
             "palmyra_concurrency_limit", "Requests this replica admits to the engine at once.", registry=r
+        )
+        self.concurrency_ceiling = Gauge(
+            "palmyra_concurrency_ceiling",
+            "Highest the concurrency limit may go (from the engine at start, or the operator's setting).",
+            registry=r,
+        )
+        self.queue_max_wait = Gauge(
+            "palmyra_queue_max_wait_seconds",
+            "Longest a request may wait for a slot now (adaptive: what the TTFT SLO leaves).",
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "palmyra_queue_wait_seconds",
+            "Wait for an admission slot of every request admitted (0 when a slot was free).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
         )
         self.rejections = Counter(
             "palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"], registry=r
@@ -150,3 +166,11 @@ class SidecarMetrics:
         """Read admission counters at scrape time, so the hot path never touches these gauges."""
         self.in_flight.set_function(in_flight)
         self.queued.set_function(queued)
+
+    def bind_admission(
+        self, limit: Callable[[], float], ceiling: Callable[[], float], max_wait: Callable[[], float]
+    ) -> None:
+        """The limit, its ceiling and the queue's current wait bound, read at scrape time."""
+        self.concurrency_limit.set_function(limit)
+        self.concurrency_ceiling.set_function(ceiling)
+        self.queue_max_wait.set_function(max_wait)

@@ -20,8 +20,9 @@ import orjson
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.access_log import AccessLog
-from palmyra_serve.sidecar.admission import Admission
+from palmyra_serve.sidecar.admission import AdmissionControl, Draining, Refused, Ticket
 from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.concurrency_limit import Outcome
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.memory_budget import body_budget
@@ -89,11 +90,20 @@ def request_id_from(raw: bytes | None) -> str:
 
 class Proxy:
     def __init__(
-        self, settings: Settings, metrics: SidecarMetrics, admission: Admission, keys: ApiKeys, state: HealthState
+        self,
+        settings: Settings,
+        metrics: SidecarMetrics,
+        admission: AdmissionControl,
+        keys: ApiKeys,
+        state: HealthState,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
+        # Adaptive admission gates generations only: a model list or a tokenization is cheap for the
+        # engine, and its latency would teach the limiter nothing about generating. Fixed mode gates
+        # every relayed request, as it always did.
+        self.gate_all = settings.admission_mode == "fixed"
         self.keys = keys
         self.state = state
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
@@ -147,14 +157,16 @@ class Proxy:
             held = len(body)
             if entry.generates and body:
                 self._check_cost(body, entry)
+            ticket = await self._admit(record) if entry.generates or self.gate_all else None
+            relayed: int | None = None
             try:
-                await self.admission.acquire()
-            except errors.ApiError as exc:
-                raise _reject(self.metrics, exc) from None
-            try:
-                status = await self._relay(scope, receive, send, route, body, fwd, rid, record, t0)
+                status = relayed = await self._relay(scope, receive, send, route, body, fwd, rid, record, t0, ticket)
             finally:
-                self.admission.release()
+                if ticket is not None:
+                    itl_ms = record.get("itl_ms")
+                    self.admission.release(
+                        ticket, itl_ms / 1000 if itl_ms is not None else None, _outcome(relayed, record)
+                    )
         except errors.ApiError as exc:
             status = exc.status
             record["error"] = exc.code
@@ -174,6 +186,19 @@ class Proxy:
             record["status"] = status
             record["duration_ms"] = round(took * 1000, 2)
             self.access_log.write(time.time(), record)
+
+    async def _admit(self, record: dict) -> Ticket:
+        """A slot in the engine, or the refusal: 429 with its reason and Retry-After, 503 when draining."""
+        try:
+            ticket = await self.admission.acquire()
+        except Refused as exc:
+            raise _reject(self.metrics, errors.overloaded(exc.reason, exc.retry_after_s)) from None
+        except Draining:
+            raise _reject(self.metrics, errors.draining(self.settings.retry_after_s)) from None
+        self.metrics.queue_wait.observe(ticket.queue_wait_s)
+        if ticket.queue_wait_s:
+            record["queue_ms"] = round(ticket.queue_wait_s * 1000, 2)
+        return ticket
 
     async def _read_body(self, receive: Any, clen: bytes | None) -> bytes:
         limit = self.settings.max_body_bytes
@@ -228,6 +253,7 @@ class Proxy:
         rid: str,
         record: dict,
         t0: float,
+        ticket: Ticket | None = None,
     ) -> int:
         assert self.pool is not None
         fwd.append((b"x-request-id", rid.encode()))
@@ -247,7 +273,7 @@ class Proxy:
             try:
                 if resp.status >= 400:
                     return await self._relay_error(send, resp, rid, record)
-                return await self._stream(send, route, resp, rid, record, t0)
+                return await self._stream(send, route, resp, rid, record, t0, ticket)
             finally:
                 resp.release()  # closes the connection unless the response was read to its end
         except asyncio.CancelledError:
@@ -302,12 +328,26 @@ class Proxy:
         await send({"type": "http.response.body", "body": body})
         return resp.status
 
-    async def _stream(self, send: Any, route: str, resp: EngineResponse, rid: str, record: dict, t0: float) -> int:
+    async def _stream(
+        self,
+        send: Any,
+        route: str,
+        resp: EngineResponse,
+        rid: str,
+        record: dict,
+        t0: float,
+        ticket: Ticket | None = None,
+    ) -> int:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
         counted = resp.status == 200 and route in GENERATION_ROUTES
         account = SseAccount() if sse and counted else None
+        # Admission's latency reports (docs/admission.md): the first token, and the stream's mean
+        # gap per token once `probe` tokens are out, long before its end.
+        report = ticket is not None and account is not None
+        probe = self.admission.probe_tokens if report else 0
+        reported_first = False
         # Small JSON bodies of generations: kept to read the usage at the end.
         kept: list[bytes] | None = [] if counted and not sse and ctype.startswith("application/json") else None
         kept_size = 0
@@ -320,6 +360,16 @@ class Proxy:
                     first = now
                 if account is not None:
                     account.feed(chunk, now)
+                    if report and account.first_token:
+                        assert ticket is not None
+                        if not reported_first:
+                            reported_first = True
+                            self.admission.first_token(ticket)
+                        elif probe and (tokens := account.tokens_so_far()) >= probe:
+                            probe = 0
+                            self.admission.inter_token(
+                                ticket, (account.last_token - account.first_token) / (tokens - 1)
+                            )
                 elif kept is not None:
                     kept_size += len(chunk)
                     if kept_size <= MAX_KEPT_BODY:
@@ -373,6 +423,9 @@ class Proxy:
             itl = account.inter_token_latency()
             if itl is not None:
                 self.metrics.itl.labels(route).observe(itl)
+            per_token = account.token_gap()
+            if per_token is not None:
+                record["itl_ms"] = round(per_token * 1000, 3)  # admission's sample too
         else:
             self.state.record_generation(True)
             usage = _usage(kept)
@@ -440,6 +493,21 @@ async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> N
             gone.flag = True
             relay.cancel()
             return
+
+
+def _outcome(relayed: int | None, record: dict) -> Outcome:
+    """What a finished request tells admission about the engine: `ok` (a measured success),
+    `drop` (the engine failed or timed out: AIMD halves the limit), `ignore` (a client error or a
+    client that left: nothing about the engine)."""
+    if record.get("upstream_error") or record.get("engine_error_event"):
+        return "drop"
+    if relayed is None:
+        return "ignore"
+    if relayed >= 500:
+        return "drop"
+    if relayed < 300 and not record.get("truncated"):
+        return "ok"
+    return "ignore"
 
 
 def _reject(metrics: SidecarMetrics, exc: errors.ApiError) -> errors.ApiError:

@@ -220,6 +220,24 @@ class SseAccount:
         reported = self.usage.get("prompt_tokens") if self.usage else None
         return reported if isinstance(reported, int) else None
 
+    def tokens_so_far(self) -> int:
+        """Tokens of the busiest choice so far: the engine's running count when it reports usage on
+        every event (`continuous_usage_stats`) for a one-choice stream, else its token events. Under
+        load vLLM puts several tokens in one event, so events alone undercount (never overcount)."""
+        events = max(self.per_choice.values(), default=0)
+        reported = self.usage.get("completion_tokens") if self.usage else None
+        if isinstance(reported, int) and len(self.per_choice) <= 1:
+            return max(events, reported)
+        return events
+
+    def token_gap(self) -> float | None:
+        """Mean gap per generated token of the busiest choice (the ITL the SLO speaks of), from the
+        engine's own count when it reported usage for a one-choice stream; None under two tokens."""
+        steps = self.tokens_so_far()
+        if steps < 2 or not self.first_token:
+            return None
+        return (self.last_token - self.first_token) / (steps - 1)
+
     def inter_token_latency(self) -> float | None:
         """Mean gap between the token events of one choice (the busiest one), None under two."""
         steps = max(self.per_choice.values(), default=0)
