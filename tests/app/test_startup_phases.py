@@ -30,7 +30,7 @@ def ready_body(client: httpx.Client, url: str) -> dict | None:
 
 def test_phases_follow_the_engines_start_and_warmup_delays(sidecar_factory, log_dir, client):
     port = procs.free_port()
-    start_delay, generate_delay = 3.0, 0.3
+    start_delay, generate_delay = 4.0, 0.3
     t0 = time.monotonic()
     with sidecar_factory(f"http://127.0.0.1:{port}", wait_ready=False) as sc:
         # No start-up has finished: no figure (an empty panel, not 0 s).
@@ -45,15 +45,14 @@ def test_phases_follow_the_engines_start_and_warmup_delays(sidecar_factory, log_
             # engine_up covers the time before the fake even started plus its start delay, and no
             # warmup; warmup covers every delayed warmup generation, and not the start delay.
             assert got["engine_up"] >= start_delay, got
-            assert got["engine_up"] < start_delay + (spawned - t0) + 5, got
             assert got["warmup"] >= SEQUENTIAL_WARMUP_REQUESTS * generate_delay, got
-            # ...and not the start delay (3 s, more than this slack).
-            assert got["warmup"] < SEQUENTIAL_WARMUP_REQUESTS * generate_delay + 1.5, got
+            # ...and not the start delay: a leak would add all of it (slack for a loaded machine).
+            assert got["warmup"] < SEQUENTIAL_WARMUP_REQUESTS * generate_delay + start_delay, got
             # Their sum is the time to ready the test itself saw (the sidecar started after t0).
             assert got["engine_up"] + got["warmup"] <= observed
             assert got["engine_up"] + got["warmup"] >= observed - (spawned - t0) - 3
             assert body["startup_seconds"] == {k: round(v, 3) for k, v in got.items()}
-            assert body["warmup_seconds"] <= got["warmup"]
+            assert body["warmup_seconds"] <= got["warmup"] + 0.001  # the last attempt, rounded to ms
 
 
 def test_a_restarted_engine_is_a_new_start_up_measured_from_the_loss(sidecar_factory, log_dir, client):
@@ -76,4 +75,5 @@ def test_a_restarted_engine_is_a_new_start_up_measured_from_the_loss(sidecar_fac
         # engine's start delay and its undelayed warmup.
         assert second["engine_up"] >= 1.5, second
         assert second["warmup"] < SEQUENTIAL_WARMUP_REQUESTS * 0.3, second
-        assert second["engine_up"] + second["warmup"] >= again - 1, (second, again)
+        # (the supervisor notices the loss up to a watch tick after /ready does; slack for load)
+        assert second["engine_up"] + second["warmup"] >= again - 2, (second, again)
