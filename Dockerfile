@@ -17,8 +17,9 @@
 #   --build-arg PYTHON_BASE/VLLM_ASCEND_BASE/CUDA_BASE=...   other base images (e.g. locally built ones)
 #
 # Layout in every image: probes /opt/palmyra/healthchecks, model volume /models (weights in
-# /models/palmyra-mini), cache volume /cache (vLLM compile cache, HF cache; in engine-ascend also the
-# working directory /cache/work and HOME /cache/home). Python: venv /opt/venv (on PATH), except
+# /models/palmyra-mini), cache volume /cache (vLLM's, inductor's and Triton's compile caches, HF cache;
+# in engine-cpu/-cuda also TMPDIR /cache/tmp, where inductor keeps its C++ precompiled header; in
+# engine-ascend also the working directory /cache/work and HOME /cache/home). Python: venv /opt/venv (on PATH), except
 # engine-ascend, which uses the base image's own interpreter like upstream.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
@@ -156,7 +157,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PALMYRA_PLATFORM=cpu \
     PALMYRA_MODEL_DIR=/models/palmyra-mini \
     VLLM_CACHE_ROOT=/cache/vllm \
-    HF_HOME=/cache/huggingface
+    HF_HOME=/cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor \
+    TRITON_CACHE_DIR=/cache/triton \
+    TMPDIR=/cache/tmp
 USER 1000:1000
 WORKDIR /home/HwHiAiUser
 # No EXPOSE: the engine listens on the loopback of its pod / Compose namespace; only the sidecar reaches it.
@@ -325,7 +329,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PALMYRA_PLATFORM=cuda \
     PALMYRA_MODEL_DIR=/models/palmyra-mini \
     VLLM_CACHE_ROOT=/cache/vllm \
-    HF_HOME=/cache/huggingface
+    HF_HOME=/cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor \
+    TRITON_CACHE_DIR=/cache/triton \
+    TMPDIR=/cache/tmp
 USER 1000:1000
 WORKDIR /home/HwHiAiUser
 # No EXPOSE: the engine listens on the loopback of its pod / Compose namespace; only the sidecar reaches it.

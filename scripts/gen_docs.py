@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "service"))  # works from a checkout even before `
 from palmyra_serve.cli import build_parser  # noqa: E402
 from palmyra_serve.engine.launcher import PLATFORMS, build_command  # noqa: E402
 from palmyra_serve.settings import Settings  # noqa: E402
-from palmyra_serve.sidecar.metrics import PHASES, SidecarMetrics  # noqa: E402
+from palmyra_serve.sidecar.metrics import PHASES, STARTUP_PHASES, SidecarMetrics  # noqa: E402
 
 ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"
@@ -235,6 +235,7 @@ def _instruments(metrics: SidecarMetrics) -> dict[str, object]:
 def sidecar_metrics() -> list[dict]:
     metrics = SidecarMetrics()
     metrics.set_phase(PHASES[0])  # what HealthState does at start: creates every phase's series
+    metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
     wrappers = _instruments(metrics)
     families = []
     for family in metrics.registry.collect():

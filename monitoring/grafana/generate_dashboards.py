@@ -159,6 +159,13 @@ def service() -> dict:
                   kind="stat", desc="Warmup runs since the sidecar started, by outcome."),
             panel("Warmup duration", [target(f"palmyra_warmup_duration_seconds{{{s}}}", "{{instance}}")],
                   kind="stat", unit="s", desc="Duration of the last successful warmup."),
+            panel("Time to ready by phase", [
+                target(f"palmyra_startup_phase_seconds{{{s}}}", "{{instance}} {{phase}}"),
+                target(f"sum without (phase) (palmyra_startup_phase_seconds{{{s}}})", "{{instance}} total"),
+            ], kind="stat", unit="s",
+                  desc="Last start-up of each replica: engine_up (sidecar start or readiness lost, to the engine "
+                       "serving the model), warmup (to ready), total = time to ready. Empty until a first start-up "
+                       "finished. Cold vs warm figures: benchmarks/results/startup.md."),
             panel("Weights", [target(f"palmyra_stand_in_weights{{{s}}}", "{{instance}}")], kind="stat",
                   desc="Random stand-in weights answer with noise: never in production.",
                   mappings=[{"type": "value", "options": {"1": {"text": "random stand-in", "color": "red"},

@@ -18,11 +18,14 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
 POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
-"metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S} changes the default behaviour
-(the two delays: the latency of a normal stream, before its first chunk and between chunks, which
-the adaptive-admission tests turn up and down); GET /fake/stats reports what it saw
+"metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S, "generate_delay": S} changes the
+default behaviour (first/token delays: the latency of a normal stream, before its first chunk and
+between chunks, which the adaptive-admission tests turn up and down; generate_delay: every
+generation waits that long before answering at all); GET /fake/stats reports what it saw
 (aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
-Run: python fake_engine.py PORT [--start-delay S]
+Run: python fake_engine.py PORT [--start-delay S] [--generate-delay S]
+(--start-delay: listen only after S seconds, as an engine loading and compiling; --generate-delay:
+every generation waits S seconds first, as a cold engine's first requests do.)
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import time
 
 from aiohttp import web
 
-STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0}
+STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0,
+         "generate_delay": 0.0}
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
                 b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
@@ -112,6 +116,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     STATS["request_ids"].append(request.headers.get("x-request-id"))
     STATS["auth"].append(request.headers.get("authorization"))
     body = await request.json()
+    if STATE["generate_delay"]:
+        await asyncio.sleep(float(STATE["generate_delay"]))
     chat = "messages" in body
     prompt = body["messages"][-1]["content"] if chat else body.get("prompt")
     mode = prompt if isinstance(prompt, str) and prompt.startswith("fake:") else f"fake:{STATE['generate']}"
@@ -196,6 +202,8 @@ def main() -> None:
     port = int(sys.argv[1])
     if "--start-delay" in sys.argv:
         time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
+    if "--generate-delay" in sys.argv:
+        STATE["generate_delay"] = float(sys.argv[sys.argv.index("--generate-delay") + 1])
     app = web.Application(middlewares=[record])
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

@@ -140,10 +140,12 @@ FAKE_ENGINE = str(Path(__file__).resolve().parent / "fake_engine.py")
 
 
 @contextlib.contextmanager
-def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None) -> Iterator[Server]:
+def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None,
+                generate_delay: float = 0.0) -> Iterator[Server]:
     port = port or free_port()
     log_path = log_dir / f"fake-{port}.log"
     argv = [sys.executable, FAKE_ENGINE, str(port)] + (["--start-delay", str(start_delay)] if start_delay else [])
+    argv += ["--generate-delay", str(generate_delay)] if generate_delay else []
     proc = spawn(argv, log_path, {})
     url = f"http://127.0.0.1:{port}"
     try:

@@ -328,7 +328,7 @@ def test_probes_use_the_sidecar_routes_and_survive_a_sidecar_restart(overlay):
     assert _http(sidecar["readinessProbe"]) == ("/ready", probe_port)
     assert {_http(c[k])[0] for c in (engine, sidecar) for k in PROBE_KINDS if k in c} <= PROBE_PATHS
     assert "readinessProbe" not in engine  # readiness is the sidecar's /ready alone
-    assert _window(engine["startupProbe"]) >= 20 * 60  # model load + compile
+    # The startup probe's budget is sized from the measured time to ready: test_warm_start.py.
     # A restarting sidecar refuses the engine's liveness probe: that must not restart the engine.
     assert _window(engine["livenessProbe"]) >= 3 * RESTART_OF_SIDECAR_S
     assert _window(sidecar["livenessProbe"]) < _window(engine["livenessProbe"])

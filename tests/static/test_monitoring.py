@@ -47,6 +47,7 @@ REQUIRED_METRICS = {
         "palmyra_queued_requests", "palmyra_rejections_total", "palmyra_upstream_errors_total", "palmyra_ready",
         "palmyra_engine_live", "palmyra_warmup_phase", "palmyra_warmup_duration_seconds",
         "palmyra_warmup_runs_total", "palmyra_canary_latency_seconds_bucket", "palmyra_canary_failures_total",
+        "palmyra_startup_phase_seconds",
         "palmyra_stand_in_weights",
     ],
     "palmyra-engine.json": [

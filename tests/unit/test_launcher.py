@@ -14,6 +14,7 @@ def flag(argv: list[str], name: str) -> str:
 
 def test_cpu_command_carries_the_seed_flags_and_cpu_env(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     cmd = build_command(Settings(engine_api_key="secret", cpu_kvcache_gib=3), "/models/palmyra-mini", "cpu")
     a = cmd.argv
     assert a[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -25,9 +26,16 @@ def test_cpu_command_carries_the_seed_flags_and_cpu_env(monkeypatch):
     # Qwen2 needs no remote code; the key goes by environment, never on argv (ps shows argv).
     assert "--trust-remote-code" not in a
     assert "--api-key" not in a and "secret" not in " ".join(a)
-    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_API_KEY": "secret"}
+    # Without AOT compile: its artifact does not load back on vLLM-CPU 0.32 (the launcher's comment).
+    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_API_KEY": "secret", "VLLM_USE_AOT_COMPILE": "0"}
     printed = cmd.redacted()
     assert "secret" not in printed and printed.startswith("'VLLM_API_KEY=***' VLLM_CPU_KVCACHE_SPACE=3 ")
+
+
+def test_cpu_aot_compile_stays_the_operators_choice(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert build_command(Settings(), "/m", "cpu").env["VLLM_USE_AOT_COMPILE"] == "1"
+    assert "VLLM_USE_AOT_COMPILE" not in build_command(Settings(), "/m", "cuda").env
 
 
 def test_ascend_command_sets_npu_env_and_memory_share(monkeypatch):
@@ -55,3 +63,12 @@ def test_print_command_prints_env_then_argv_without_the_key(capsys, monkeypatch,
     words = shlex.split(out)
     assert words[:2] == ["PYTORCH_NPU_ALLOC_CONF=expandable_segments:True", "VLLM_API_KEY=***"]
     assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"] and flag(words, "--model") == str(tmp_path)
+
+
+def test_a_missing_tmpdir_is_created_not_silently_replaced_by_tmp(tmp_path):
+    from palmyra_serve.engine.launcher import ensure_tmpdir
+
+    wanted = tmp_path / "cache" / "tmp"
+    ensure_tmpdir({"TMPDIR": str(wanted)})
+    assert wanted.is_dir()
+    ensure_tmpdir({})  # no TMPDIR: nothing to do

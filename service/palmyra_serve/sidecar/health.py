@@ -40,6 +40,7 @@ class HealthState:
         self.generation_failing_since: float | None = None
         self.last_generation_ok: float | None = None
         self.warmup_seconds: float | None = None
+        self.startup_seconds: dict[str, float] | None = None  # the last start-up's phases (warmup.py)
         self.relay_failure: str | None = None  # what the relay last saw fail, until a later poll
         self.relay_failure_at = 0.0
         metrics.set_phase(self.phase)
@@ -110,6 +111,7 @@ class HealthState:
             "engine_health": self.engine_status,
             "relay_failure": self.relay_failure,
             "warmup_seconds": self.warmup_seconds,
+            "startup_seconds": self.startup_seconds,
         }
         return ready, body
 

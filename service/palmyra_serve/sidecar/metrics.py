@@ -25,6 +25,8 @@ ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
 REJECTION_REASONS = errors.REJECTION_CODES
 UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
+# The phases of a start-up to ready (warmup.py): their sum is the time to ready.
+STARTUP_PHASES = ("engine_up", "warmup")
 
 # LLM-sized buckets: a first token in milliseconds, a long generation in minutes.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -115,6 +117,15 @@ class SidecarMetrics:
             "palmyra_warmup_duration_seconds", "Duration of the last successful warmup.", registry=r
         )
         self.warmup_runs = Counter("palmyra_warmup_runs", "Warmup attempts by outcome.", ["outcome"], registry=r)
+        # No child until a start-up has finished: before the first ready there is no figure, and an
+        # empty panel must look empty (not 0 s).
+        self.startup_phase = Gauge(
+            "palmyra_startup_phase_seconds",
+            "Seconds each phase of the last start-up to ready took (engine_up: from the sidecar's start, or"
+            " readiness lost, to the engine serving the model; warmup: from then to ready). Sum: time to ready.",
+            ["phase"],
+            registry=r,
+        )
         self.canary_latency = Histogram(
             "palmyra_canary_latency_seconds",
             "Latency of the idle one-token canary.",
@@ -161,6 +172,11 @@ class SidecarMetrics:
     def set_phase(self, current: str) -> None:
         for phase in PHASES:
             self.phase.labels(phase).set(1 if phase == current else 0)
+
+    def record_startup(self, seconds: dict[str, float]) -> None:
+        """The phases of a start-up that just reached ready (keys: STARTUP_PHASES)."""
+        for phase in STARTUP_PHASES:
+            self.startup_phase.labels(phase).set(seconds[phase])
 
     def bind_gauges(self, in_flight: Callable[[], float], queued: Callable[[], float]) -> None:
         """Read admission counters at scrape time, so the hot path never touches these gauges."""

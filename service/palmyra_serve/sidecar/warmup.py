@@ -94,14 +94,27 @@ class Supervisor:
 
     async def run(self) -> None:
         backoff = 1.0
+        # A start-up runs from the sidecar's start, or from the moment readiness was lost, to ready:
+        # engine_up until the engine first serves the model, warmup (retries included) after that.
+        began, engine_up_at = self.state.clock(), None
         while True:
             max_model_len = await self._wait_for_engine()
+            if engine_up_at is None:
+                engine_up_at = self.state.clock()
             if await self._warmup(max_model_len):
+                self._record_startup(began, engine_up_at)
                 backoff = 1.0
                 await self._watch()
+                began, engine_up_at = self.state.clock(), None
             else:
                 await self.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.warmup_max_backoff_s)
+
+    def _record_startup(self, began: float, engine_up_at: float) -> None:
+        seconds = {"engine_up": engine_up_at - began, "warmup": self.state.clock() - engine_up_at}
+        self.state.startup_seconds = {phase: round(value, 3) for phase, value in seconds.items()}
+        self.metrics.record_startup(seconds)
+        log.info("ready", extra={"fields": {"startup_seconds": self.state.startup_seconds}})
 
     async def _wait_for_engine(self) -> int:
         self.state.set_phase("waiting_for_engine")
