@@ -323,6 +323,26 @@ def test_early_refusal_with_a_body_pending_still_reaches_the_client(engine, side
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
 
 
+def test_a_refusal_before_the_body_says_the_connection_closes(engine, sidecar_factory):
+    """A 401 sent while the request's body is still on its way: the front end then closes the
+    connection, so the response must say `Connection: close`; otherwise a keep-alive client sends
+    its next request into the closing connection (seen in CI: "Server disconnected without sending
+    a response"). A refusal of a request without a body keeps the connection."""
+    with sidecar_factory(engine.url, PALMYRA_API_KEYS="sk-edge-test-key-0123456789abcdef") as sc:
+        body = b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2}'
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
+            s.sendall(head)  # the body is held back until the answer is in
+            answer = s.recv(65536)
+            s.sendall(body)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b"\r\nconnection: close" in answer.partition(b"\r\n\r\n")[0].lower(), answer[:400]
+        answer = raw_exchange(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b"connection: close" not in answer.partition(b"\r\n\r\n")[0].lower(), answer[:400]
+
+
 # --- request cost -----------------------------------------------------------------------------
 
 COST_CASES = [

@@ -119,7 +119,8 @@ class Proxy:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
-        if self.state.draining:
+        closing = self.state.draining
+        if closing:
             send = _closing_connection(send)
         path = scope["path"]
         entry = RELAYED.get(path)
@@ -144,6 +145,7 @@ class Proxy:
         record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
         status = 500
         held = 0
+        body_read = False
         try:
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
@@ -154,6 +156,7 @@ class Proxy:
             if self.admission.draining:
                 raise _reject(self.metrics, errors.draining(self.settings.retry_after_s))
             body = await self._read_body(receive, clen)
+            body_read = True
             held = len(body)
             if entry.generates and body:
                 self._check_cost(body, entry)
@@ -173,6 +176,11 @@ class Proxy:
             answer = exc.body()
             headers = exc.headers(rid)
             headers.append((b"content-length", b"%d" % len(answer)))  # not chunked: one write, any client reads it
+            if not body_read and not closing and _has_body(scope, clen):  # when closing, said already
+                # Answered before its body was read: the connection ends after this response (the
+                # front end lingers and discards the rest), and the client must be told so, or it
+                # sends its next request into a closing connection.
+                headers.append((b"connection", b"close"))
             await send({"type": "http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "http.response.body", "body": answer})
         except ClientGone:
@@ -493,6 +501,12 @@ async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> N
             gone.flag = True
             relay.cancel()
             return
+
+
+def _has_body(scope: dict, clen: bytes | None) -> bool:
+    if clen is not None:
+        return clen.strip() not in (b"", b"0")
+    return any(name == b"transfer-encoding" for name, _ in scope["headers"])
 
 
 def _outcome(relayed: int | None, record: dict) -> Outcome:
