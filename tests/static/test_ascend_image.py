@@ -41,7 +41,8 @@ EXPECTED = FACTS["expected"]
 def report(res: up.Resolution) -> str:
     keys = ("torch", "torch-npu", "triton-ascend", "torchvision", "torchaudio", "fastapi", "pydantic", "transformers",
             "numpy", "opencv-python-headless", "modelscope", "ray")
-    return f"{res.arch}: " + ", ".join(f"{k} {res.versions.get(k)}" for k in keys)
+    built = [f"{k} {v} (source)" for k, v in res.from_source.items()]
+    return f"{res.arch}: " + ", ".join([*built, *(f"{k} {res.versions.get(k)}" for k in keys)])
 
 
 # --- the Dockerfile against the release ---------------------------------------------------------
@@ -81,6 +82,9 @@ def test_upstream_set_resolves_with_upstreams_pins(arch: str) -> None:
     for note in res.notes:
         print(f"  note: {note}")
     v = res.versions
+    # The release the Dockerfile's base names, and the vLLM its own Dockerfile clones.
+    assert res.from_source.get("vllm") == EXPECTED["vllm"], report(res)
+    assert res.from_source.get("vllm-ascend") == EXPECTED["vllm-ascend"], report(res)
     assert v["torch"] == EXPECTED["torch"], report(res)
     assert v["torch-npu"] == EXPECTED["torch-npu"], report(res)
     assert v["triton-ascend"] == EXPECTED["triton-ascend"], report(res)
