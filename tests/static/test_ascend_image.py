@@ -5,9 +5,11 @@
   aarch64 with the versions upstream pins; the wheels upstream takes from outside the index are
   named and what can be verified about them is; the project's additions resolve with that set
   without moving any of it (the build proves the same against the real base: check-base-unmoved).
-- The command the launcher prints is accepted by vLLM 0.18.0's own argument parser (its source
-  on PYTHONPATH), and every `vllm:` metric the monitoring, alerts, autoscaler and router use is
-  defined in vLLM 0.18.0's source.
+- The command the launcher prints for the image's CMD (ascend_command.py; the rehearsal asserts
+  the image prints this very line) is accepted by vLLM 0.18.0's own argument parser (its source on
+  PYTHONPATH), as are the settings the docs recommend, which reach vLLM as meant; every `vllm:`
+  metric the monitoring, alerts, autoscaler, router and sidecar use is defined in vLLM 0.18.0's
+  source.
 - The Dockerfile builds FROM the image upstream published for the release, and the entrypoint
   sources every script the CANN base's ENTRYPOINT sources.
 Needs the package index (cached under ~/.cache/palmyra-serve-tests; a clear failure offline).
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ascend_command as cmd
 import ascend_upstream as up
 import pytest
 from packaging.requirements import Requirement
@@ -203,33 +206,34 @@ for key, argv in json.loads(sys.argv[1]).items():
     parser = make_arg_parser(FlexibleArgumentParser())
     try:
         args = parser.parse_args(argv)
-        results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len}
+        cc = args.compilation_config
+        sizes = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else getattr(cc, "cudagraph_capture_sizes", None)
+        results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
+                        "eager": args.enforce_eager, "capture_sizes": sizes}
     except SystemExit as exc:
         results[key] = {"ok": False, "code": exc.code}
 print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
 """
 PLATFORMS = ("ascend", "cpu", "cuda")
 UNKNOWN = "--no-such-flag-in-vllm"
+# The operator settings the docs recommend for the engine (docs/ascend-troubleshooting.md, the ACL
+# graph capture fix; docs/configuration.md), exactly as written there.
+SETTING_DOCS = ("docs/ascend-troubleshooting.md", "docs/configuration.md")
 
 
 def vllm_018_path() -> Path:
     return up.sdist_root("vllm", FACTS["recipe"]["vllm"]["version"])
 
 
-def printed_command(platform: str, extra: str = "") -> tuple[dict[str, str], list[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALMYRA_")}
-    env.update({"PYTHONPATH": str(REPO / "service"), "PALMYRA_ENGINE_API_KEY": "k", "PALMYRA_ENGINE_EXTRA_ARGS": extra})
-    run = subprocess.run(
-        [sys.executable, "-m", "palmyra_serve.cli", "engine", "--no-fetch", "--platform", platform,
-         "--model", "/models/palmyra-mini", "--print-command"],
-        capture_output=True, text=True, env=env, timeout=60, check=True,
-    )
-    words = shlex.split(run.stdout)
-    assigned = {}
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-        key, _, value = words.pop(0).partition("=")
-        assigned[key] = value
-    return assigned, words
+def documented_settings() -> dict[str, tuple[str, str]]:
+    """Every `PALMYRA_ENGINE_EXTRA_ARGS='...'` and `PALMYRA_ENFORCE_EAGER=...` the docs give."""
+    found: dict[str, tuple[str, str]] = {}
+    for doc in SETTING_DOCS:
+        text = (REPO / doc).read_text()
+        for m in re.finditer(r"(PALMYRA_ENGINE_EXTRA_ARGS)='([^']*)'|(PALMYRA_ENFORCE_EAGER)=(\w+)", text):
+            name, value = m.group(1) or m.group(3), m.group(2) or m.group(4)
+            found[f"{doc}: {name}={value}"] = (name, value)
+    return found
 
 
 def _parser_module() -> str:
@@ -242,8 +246,10 @@ def _parser_module() -> str:
 
 @pytest.fixture(scope="module")
 def commands() -> dict[str, tuple[dict[str, str], list[str]]]:
-    out = {p: printed_command(p) for p in PLATFORMS}
-    out["unknown"] = printed_command("ascend", extra=f"{UNKNOWN} 1")
+    out = {p: cmd.host_command(p) for p in PLATFORMS}
+    out["unknown"] = cmd.host_command("ascend", PALMYRA_ENGINE_EXTRA_ARGS=f"{UNKNOWN} 1")
+    for key, (name, value) in documented_settings().items():
+        out[key] = cmd.host_command("ascend", **{name: value})
     return out
 
 
@@ -265,12 +271,35 @@ def parsed(commands: dict[str, tuple[dict[str, str], list[str]]]) -> dict:
     return result
 
 
+def _accepted(parsed: dict, key: str) -> dict:
+    got = parsed["results"][key]
+    assert got["ok"], f"vLLM 0.18.0 refused {key}:\n" + parsed["stderr"][-2000:]
+    assert {k: got[k] for k in ("model", "served", "len")} == {"model": "/models/palmyra-mini", "served": ["palmyra-mini"], "len": 8192}
+    return got
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_vllm_018_parser_accepts_the_printed_command(commands: dict, parsed: dict, platform: str) -> None:
     env, argv = commands[platform]
+    print(f"{platform}: {shlex.join([f'{k}={v}' for k, v in env.items()] + argv)}")
     assert "--api-key" not in argv and env.get("VLLM_API_KEY") == "***"
-    got = parsed["results"][platform]
-    assert got == {"ok": True, "model": "/models/palmyra-mini", "served": ["palmyra-mini"], "len": 8192}, parsed["stderr"][-2000:]
+    got = _accepted(parsed, platform)
+    assert got["eager"] is False and got["capture_sizes"] is None  # the defaults: ACL graphs on
+
+
+def test_the_settings_the_docs_recommend_reach_vllm_018_as_meant(parsed: dict) -> None:
+    settings = documented_settings()
+    assert any(name == "PALMYRA_ENFORCE_EAGER" for name, _ in settings.values()), settings
+    assert any("capture_sizes" in value for _, value in settings.values()), settings
+    for key, (name, value) in settings.items():
+        got = _accepted(parsed, key)
+        if name == "PALMYRA_ENFORCE_EAGER":
+            assert got["eager"] is (value.lower() == "true"), key
+        if "capture_sizes" in value:
+            # The sizes the doc writes are the sizes vLLM receives (shell-splitting the setting
+            # must not eat the JSON's quotes).
+            meant = [int(n) for n in re.findall(r"\d+", value.split("capture_sizes", 1)[1])]
+            assert got["capture_sizes"] == meant, f"{key}: vLLM got {got['capture_sizes']}"
 
 
 def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:
