@@ -312,14 +312,19 @@ def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:
 SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
+# Where vllm: names are read: what Prometheus, Grafana, KEDA and the router load (generated
+# dashboards included), and the sidecar, which parses the engine's /metrics page itself
+# (sidecar/engine_capacity.py: vllm:cache_config_info for the admission ceiling).
+METRIC_USERS = {"monitoring": {".yaml", ".yml", ".json"}, "k8s": {".yaml", ".yml", ".json"}, "service": {".py"}}
+
+
 def used_metric_lines() -> dict[str, list[str]]:
-    """Every vllm: metric name in monitoring/ and k8s/, with the lines (queries) using it."""
+    """Every vllm: metric name in monitoring/, k8s/ and service/, with the lines using it."""
     found: dict[str, list[str]] = {}
-    for top in ("monitoring", "k8s"):
+    for top, suffixes in METRIC_USERS.items():
         for path in (REPO / top).rglob("*"):
-            # What Prometheus, Grafana, KEDA and the router load (generated dashboards included);
             # promtool's test inputs feed old names on purpose and are not queries.
-            if not path.is_file() or path.suffix not in {".yaml", ".yml", ".json"} or "tests" in path.parts:
+            if not path.is_file() or path.suffix not in suffixes or "tests" in path.parts:
                 continue
             for line in path.read_text(errors="ignore").splitlines():
                 if line.lstrip().startswith("#"):
@@ -346,6 +351,7 @@ def base_name(name: str) -> str:
 def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:
     used = used_metric_lines()
     assert len(used) >= 10, "the collector found too few names to be looking in the right files"
+    assert any(line.startswith("service/") for lines in used.values() for line in lines), "the sidecar's names are collected"
     defined = {base_name(n) for n in defined_in(vllm_018_path())}
     assert "vllm:num_requests_waiting" in defined and "vllm:kv_cache_usage_perc" in defined
     missing = {}
