@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "ascend-deploy"
 HAMI_CHIPS = REPO / "k8s" / "overlays" / "ascend-hami" / "chips"
 BIN = Path(sys.executable).parent
-# Overlays whose device plugin leaves the host driver to the pod (the host-driver component).
+# Overlays that mount the host driver explicitly (the host-driver component), next to what Ascend
+# Docker Runtime mounts for their device plugin (k8s/README.md: a clash is to verify on a cluster).
 HOST_DRIVER_OVERLAYS = {"ascend-mindcluster", "ascend-mindcluster-a3", "ascend-mindcluster-volcano", "ascend-hami"}
 DAVINCI_N = re.compile(r"/dev/davinci\d+$")
 
