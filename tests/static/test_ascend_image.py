@@ -395,6 +395,31 @@ def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: P
     # Sourced in the entrypoint's own shell, which then exec'd the command (same pid).
     pids = {line.split()[1] for line in lines}
     assert pids == {run.stdout.split()[1]}
+    # The README's first-hour checklist tells the operator to expect exactly these lines.
+    said = [line.replace(str(tmp_path), "/usr/local/Ascend") for line in run.stderr.splitlines() if " sourced " in line]
+    assert len(said) == len(scripts) and all(f"`{line}`" in readme_text() for line in said), said
+
+
+def readme_text() -> str:
+    return " ".join((REPO / "README.md").read_text().split())
+
+
+def test_readme_quotes_the_launchers_start_line(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from palmyra_serve.engine import launcher
+
+    class Done:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Done)
+    monkeypatch.setattr(launcher.signal, "signal", lambda *args: None)
+    caplog.set_level("INFO", logger=launcher.log.name)
+    launcher.run(launcher.EngineCommand(argv=["vllm"], platform="ascend"))
+    (start,) = [r.getMessage() for r in caplog.records if r.getMessage().endswith(": vllm")]
+    assert f"`{start.removesuffix('vllm')}...`" in readme_text(), start
 
 
 @pytest.mark.parametrize("dropped", range(3))
@@ -441,6 +466,10 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     _fake_dist(site, "declared-addition", "2.0")
     ok = check("compare", "base.json", str(reqs))
     assert ok.returncode == 0 and "base unmoved, pip check clean: True" in ok.stdout, ok.stderr
+    # The README's first-hour checklist quotes this line (with the image's additions).
+    line = next(x for x in ok.stdout.splitlines() if " added " in x)
+    head, tail = line.split(" declared-addition==2.0")
+    assert f"`{head} orjson==…, palmyra-serve==…, pydantic-settings==…{tail}`" in readme_text(), line
     # Moved: the base's package changed version.
     shutil.rmtree(site / "upstream_pinned-1.0.dist-info")
     _fake_dist(site, "upstream-pinned", "1.1")
