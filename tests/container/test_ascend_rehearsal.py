@@ -6,16 +6,19 @@ project's layer relies on (the three CANN set_env.sh at their real paths, each r
 was sourced; Python 3.11 at upstream's prefix holding the resolved versions of what the launcher
 imports). The Dockerfile's engine-ascend target is then built on it, exactly as on the real base,
 with non-default HwHiAiUser ids, and run the way an operator would: as that user, read-only root,
-/cache and /models volumes (an empty /cache, as an emptyDir starts), tmpfs /tmp. What it proves:
-the build's own checks pass (base unmoved, pip check, launcher import), the entrypoint sources all
-three scripts for the non-root user, the ids and groups, every writable directory, and the exact
-engine command. What it cannot prove: anything of CANN, torch-npu or vLLM on an NPU.
+/cache and /models volumes (an empty /cache, as an emptyDir starts), tmpfs /tmp, and the node's
+HwHiAiUser group added by number (`--group-add`, what Compose's group_add and the pod's
+supplementalGroups do). What it proves: the build's own checks pass (base unmoved, pip check,
+launcher import), the entrypoint sources all three scripts for the non-root user, the ids and
+groups, every directory the image's and the deployments' (Compose's, the k8s overlay's)
+environment names is writable under the read-only root, and the engine command the image prints
+is the very line test_ascend_image.py generates on the host and puts through vLLM 0.18.0's parser.
+What it cannot prove: anything of CANN, torch-npu or vLLM on an NPU.
 Heavy: run under the machine-wide lock (flock /tmp/palmyra-heavy.lock ...).
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -25,17 +28,21 @@ from podman_helpers import PODMAN_DIR, REPO, podman
 pytestmark = pytest.mark.container
 
 sys.path.insert(0, str(REPO / "tests" / "static"))
+import ascend_command as cmd
 import ascend_upstream as up
 
 STAND_IN = "localhost/palmyra-stand-in/vllm-ascend:v0.18.0"
 IMAGE = "localhost/ascend-image-rehearsal/engine-ascend:stand-in"
 UID, GID = 1234, 2345  # not the default 1000: the build arguments must take effect
+# The node's HwHiAiUser group when it is not the image's: added by number, as group_add does.
+NODE_GID = 3456
 # What the launcher imports that upstream's image has, at the versions upstream's set resolves to.
 FROM_UPSTREAM = ("pydantic", "pydantic-core", "typing-extensions", "typing-inspection", "annotated-types",
                  "python-dotenv", "huggingface-hub", "modelscope")
-WRITABLE = ("/cache/work", "/cache/home", "/cache/vllm", "/cache/huggingface", "/cache/modelscope",
-            "/cache/torchinductor", "/cache/triton", "/cache/numba", "/cache/ascend/cache", "/cache/ascend/work",
-            "/cache/ascend/log", "/tmp")
+# Every variable naming a directory the engine, CANN, vLLM or a library writes into.
+DIR_VARS = ("PALMYRA_WORK_DIR", "HOME", "TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "MODELSCOPE_CACHE",
+            "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
+            "ASCEND_PROCESS_LOG_PATH")
 
 
 def run_logged(argv: list[str], log: Path, timeout: float) -> str:
@@ -65,25 +72,51 @@ def rehearsal_image(podman_env: None, tmp_path_factory: pytest.TempPathFactory) 
 PROBE = r"""
 set -u
 echo "id: $(id)"
+echo "groups: $(id -G)"
 echo "user: $(id -un) group: $(id -gn)"
 echo "cwd: $(pwd)"
 echo "sourced: ${STAND_IN_CANN_SOURCED:-none}"
 echo "bishengir: $(command -v bishengir-compile || echo missing)"
 echo "ld_preload: ${LD_PRELOAD:-}"
-for d in WRITABLE; do
-  if touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then echo "writable: $d"; else echo "NOT writable: $d"; fi
+for var in DIR_VARS; do
+  d=${!var:-}
+  [ -n "$d" ] || continue
+  # As the process that uses it would: create it when missing, then write into it.
+  if mkdir -p "$d" 2>/dev/null && touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then echo "writable: $var=$d"; else echo "NOT writable: $var=$d"; fi
 done
+if touch /tmp/.probe 2>/dev/null && rm /tmp/.probe; then echo "writable: tmpfs=/tmp"; else echo "NOT writable: tmpfs=/tmp"; fi
 echo "root: $(awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1)"
-echo "command: $(PALMYRA_ENGINE_API_KEY=k palmyra-serve engine --no-fetch --print-command)"
+echo "command: $("$@")"
 """
 
 
-def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: dict[str, str] | None = None):
+def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: dict[str, str] | None = None,
+                    groups: tuple[int, ...] = ()):
     args = ["run", "--rm", "--network", "host", "--read-only", "--tmpfs", "/tmp:rw,mode=1777",
             "-v", f"{cache}:/cache", "-v", f"{models}:/models:ro"]
+    for gid in groups:
+        args += ["--group-add", str(gid)]
     for key, value in (env or {}).items():
         args += ["-e", f"{key}={value}"]
     return podman(*args, image, *command, check=False, timeout=300)
+
+
+def probe(image: str, cache: Path, models: Path, env: dict[str, str], groups: tuple[int, ...]) -> tuple[dict, dict, str]:
+    """Runs PROBE through the image's entrypoint, then the image's CMD with --print-command."""
+    script = PROBE.replace("DIR_VARS", " ".join(DIR_VARS))
+    run = run_as_operator(image, cache, models, "bash", "-c", script, "probe", *cmd.print_argv(), env=env, groups=groups)
+    print(run.stdout)
+    print(run.stderr)
+    assert run.returncode == 0, run.stderr
+    out, dirs = {}, {}
+    for line in run.stdout.splitlines():
+        key, sep, value = line.partition(": ")
+        if key in ("writable", "NOT writable"):
+            var, _, path = value.partition("=")
+            dirs[var] = (key == "writable", path)
+        elif sep:
+            out.setdefault(key, value)
+    return out, dirs, run.stderr
 
 
 @pytest.fixture()
@@ -106,29 +139,63 @@ def test_build_proves_the_base_unmoved_and_imports_the_launcher(rehearsal_image:
     assert "orjson==" in added[-1] and "pydantic-settings==" in added[-1] and "palmyra-serve==" in added[-1]
 
 
-def test_entrypoint_user_writable_dirs_and_engine_command(rehearsal_image: tuple[str, str], volumes) -> None:
+def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image: tuple[str, str], volumes) -> None:
     image, _build = rehearsal_image
     cache, models = volumes
-    probe = PROBE.replace("WRITABLE", " ".join(WRITABLE))
-    run = run_as_operator(image, cache, models, "bash", "-c", probe)
-    print(run.stdout)
-    print(run.stderr)
-    assert run.returncode == 0, run.stderr
-    out = dict(line.split(": ", 1) for line in run.stdout.splitlines() if ": " in line and not line.startswith("writable"))
+    out, dirs, stderr = probe(image, cache, models, env=cmd.DEPLOYED_ENV, groups=(NODE_GID,))
     assert out["user"] == "HwHiAiUser group: HwHiAiUser"
     assert f"uid={UID}(HwHiAiUser) gid={GID}(HwHiAiUser)" in out["id"]
+    assert {str(GID), str(NODE_GID)} <= set(out["groups"].split()), "the node's group, added by number, is held"
     assert out["cwd"] == "/cache/work"
     assert out["sourced"].split(":") == up.FACTS["cann_entrypoint_scripts"]
     assert out["bishengir"].endswith("ascendnpu-ir/bin/bishengir-compile")
     assert out["root"] == "ro", "the root filesystem is mounted read-only"
-    assert [line.removeprefix("writable: ") for line in run.stdout.splitlines() if line.startswith("writable: ")] == list(WRITABLE)
     for script in up.FACTS["cann_entrypoint_scripts"]:
-        assert f"engine-entrypoint: sourced {script}" in run.stderr
-    words = shlex.split(out["command"])
-    assert words[:2] == ["PYTORCH_NPU_ALLOC_CONF=expandable_segments:True", "VLLM_API_KEY=***"], words
-    assert words[2].startswith(up.FACTS["python"]["prefix"] + "/bin/python"), "upstream's interpreter runs vLLM"
-    assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert "--trust-remote-code" not in words and "--api-key" not in words
+        assert f"engine-entrypoint: sourced {script}" in stderr
+    # Every directory the image's environment names, at the image's value, is writable.
+    image_env = cmd.image_env()
+    on_cache = {k for k, v in image_env.items() if v.startswith("/cache")}
+    assert on_cache <= set(DIR_VARS), f"a path variable of the image the probe does not know: {on_cache - set(DIR_VARS)}"
+    assert dirs == {**{k: (True, image_env[k]) for k in on_cache}, "tmpfs": (True, "/tmp")}, dirs
+    # The printed command is the host's line, which test_ascend_image.py parses with vLLM 0.18.0.
+    image_assigned, image_words = cmd.split(out["command"])
+    host_assigned, host_words = cmd.host_command("ascend")
+    assert image_words[0].startswith(up.FACTS["python"]["prefix"] + "/bin/python"), "upstream's interpreter runs vLLM"
+    assert (image_assigned, image_words[1:]) == (host_assigned, host_words[1:])
+    assert image_words[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--trust-remote-code" not in image_words and "--api-key" not in image_words
+
+
+def deployed(where: str) -> tuple[dict[str, str], tuple[int, ...]]:
+    """The engine's environment and added groups as Compose and the k8s overlay deploy them."""
+    if where == "compose":
+        from test_ascend_deploy import compose_config
+
+        engine = compose_config(HWHIAIUSER_GID=str(NODE_GID))["engine"]
+        return {k: str(v) for k, v in engine["environment"].items()}, tuple(int(g) for g in engine["group_add"])
+    from test_k8s import config_data, container, pod_spec, render
+
+    objects = render("ascend-hami")
+    spec = pod_spec(objects)
+    env = {**config_data(objects), **{e["name"]: e["value"] for e in container(spec, "engine").get("env", []) if "value" in e}}
+    return env, tuple(spec["securityContext"].get("supplementalGroups", []))
+
+
+@pytest.mark.parametrize("where", ["compose", "k8s"])
+def test_deployed_environment_is_writable_under_the_read_only_root(rehearsal_image: tuple[str, str], volumes,
+                                                                   where: str) -> None:
+    image, _build = rehearsal_image
+    cache, models = volumes
+    env, groups = deployed(where)
+    assert groups, f"{where} adds HwHiAiUser's group"
+    out, dirs, _stderr = probe(image, cache, models, env=env, groups=groups)
+    assert {str(g) for g in groups} <= set(out["groups"].split()), out["groups"]
+    assert out["root"] == "ro"
+    assert {"HOME", "ASCEND_PROCESS_LOG_PATH", "TMPDIR", "PALMYRA_WORK_DIR"} <= set(dirs), dirs
+    not_writable = {var: path for var, (ok, path) in dirs.items() if not ok}
+    assert not not_writable, f"{where}: not writable under the read-only root: {not_writable}"
+    for var, (_ok, path) in dirs.items():
+        assert path == env.get(var, cmd.image_env().get(var, path)), f"{where}: {var} is {path}"
 
 
 def test_default_command_refuses_the_stand_in_and_says_how_to_give_weights(rehearsal_image: tuple[str, str], volumes) -> None:

@@ -8,6 +8,10 @@ wheel metadata by range requests instead of downloading wheels (pip's --dry-run 
 wheel it resolves: ~GBs per architecture). Downloads are cached under
 ~/.cache/palmyra-serve-tests. The recipe facts (install order, the wheels taken from outside the
 index) are tests/static/ascend_upstream_v0.18.0.json, with their sources.
+
+Which release: the one the Dockerfile's VLLM_ASCEND_BASE tag names (vllm-ascend's source
+distribution of that version), and the vLLM tag that release's own Dockerfile clones. Changing the
+image's base therefore changes what is resolved here.
 """
 
 from __future__ import annotations
@@ -157,6 +161,23 @@ class Resolution:
     versions: dict[str, str]
     notes: list[str] = field(default_factory=list)
     requirements: list[str] = field(default_factory=list)
+    # vLLM and vllm-ascend themselves: built from source in upstream's image (editable installs of
+    # their git tags), so not resolved from the index; their versions are their sdists' PKG-INFO.
+    from_source: dict[str, str] = field(default_factory=dict)
+
+
+def release() -> tuple[str, str]:
+    """(vllm-ascend, vLLM) versions of the image the Dockerfile builds FROM: the release its
+    VLLM_ASCEND_BASE tag names (v<version>, or v<version>-a3), and the vLLM tag that release's own
+    Dockerfile clones (ARG VLLM_TAG)."""
+    text = (REPO / "Dockerfile").read_text()
+    base = re.search(r"^ARG VLLM_ASCEND_BASE=\S+:v(\S+?)(-a3)?$", text, re.MULTILINE)
+    assert base, "the Dockerfile has no ARG VLLM_ASCEND_BASE=<image>:v<version> default"
+    ascend = base.group(1)
+    upstream_dockerfile = (sdist_root("vllm-ascend", ascend) / "Dockerfile").read_text()
+    tag = re.search(r"^ARG VLLM_TAG=v(\S+)$", upstream_dockerfile, re.MULTILINE)
+    assert tag, f"vllm-ascend {ascend}'s Dockerfile names no ARG VLLM_TAG"
+    return ascend, tag.group(1)
 
 
 def _versions(name: str) -> list[Version]:
@@ -175,17 +196,21 @@ def _specifiers_disjoint(name: str, a: Requirement, b: Requirement) -> bool:
 
 
 @cache
-def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What upstream's Dockerfile asks pip for, in one list, and the notes on how it was built.
+def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """What upstream's Dockerfile asks pip for, in one list, the notes on how it was built, and the
+    versions of vLLM and vllm-ascend it builds from source.
 
     vLLM: requirements/common.txt (VLLM_TARGET_DEVICE=empty) + the audio extra; vllm-ascend: its
     requirements.txt (its setup.py's install_requires), installed after vLLM, so where both pin a
     package disjointly, vllm-ascend's wins as in pip's sequential installs; then the later installs.
     """
     recipe = FACTS["recipe"]
-    vllm = sdist_root("vllm", recipe["vllm"]["version"])
-    ascend = sdist_root("vllm-ascend", recipe["vllm_ascend"]["version"])
-    notes = []
+    ascend_version, vllm_version = release()
+    vllm = sdist_root("vllm", vllm_version)
+    ascend = sdist_root("vllm-ascend", ascend_version)
+    built = (("vllm", pkg_info(vllm)["Version"][0]), ("vllm-ascend", pkg_info(ascend)["Version"][0]))
+    notes = [f"vllm {built[0][1]}, vllm-ascend {built[1][1]}: built from their source distributions, as upstream "
+             "builds its git tags; their requirement lists are what is resolved"]
     vllm_reqs = read_requirements(vllm / "requirements" / "common.txt") + setup_py_extra(vllm, "audio")
     ascend_reqs = read_requirements(ascend / "requirements.txt")
     by_name = {canonicalize_name(Requirement(r).name): Requirement(r) for r in ascend_reqs}
@@ -195,7 +220,7 @@ def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...]]:
         later = by_name.get(canonicalize_name(req.name))
         if later is not None and _specifiers_disjoint(req.name, req, later):
             notes.append(
-                f"upstream's own conflict: vllm {recipe['vllm']['version']} wants {req}, vllm-ascend pins {later} "
+                f"upstream's own conflict: vllm {built[0][1]} wants {req}, vllm-ascend pins {later} "
                 "and is installed later, so it wins (pip check in upstream's image reports this)"
             )
             continue
@@ -213,7 +238,7 @@ def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...]]:
             resolved_ascend += base
             continue
         resolved_ascend.append(line)
-    return tuple(kept + resolved_ascend + list(recipe["later"])), tuple(notes)
+    return tuple(kept + resolved_ascend + list(recipe["later"])), tuple(notes), built
 
 
 def uv() -> str:
@@ -269,7 +294,7 @@ class ResolutionFailed(AssertionError):
 
 @cache
 def upstream_set(arch: str) -> Resolution:
-    requirements, notes = upstream_requirements()
+    requirements, notes, built = upstream_requirements()
     notes = list(notes)
     torch_pin = next(r for r in requirements if canonicalize_name(Requirement(r).name) == "torch")
     overrides = None
@@ -282,11 +307,13 @@ def upstream_set(arch: str) -> Resolution:
         notes.append(f"x86_64: torch-npu pins a +cpu torch from PyTorch's CPU index, unreachable here; resolved with "
                      f"the override {torch_pin} (the index's build of that release; its nvidia-*/triton are not in upstream's image)")
     versions = compile_set(arch, list(requirements), overrides=overrides, extra_index=extra)
-    for name in ("vllm-ascend",):
-        wheels = [f for f in files_of(name, FACTS["recipe"]["vllm_ascend"]["version"]) if f.endswith(".whl")]
-        has = any(f"cp311-cp311-manylinux_2_24_{arch}" in f for f in wheels)
-        notes.append(f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; upstream's image builds it from source anyway")
-    return Resolution(arch, versions, notes, list(requirements))
+    notes.append(f"{arch}: resolved without Huawei's Ascend pip repository, which upstream's vllm-ascend step adds as an "
+                 "extra index (see recipe._resolution_here in the facts)")
+    from_source = dict(built)
+    wheels = [f for f in files_of("vllm-ascend", from_source["vllm-ascend"]) if f.endswith(".whl")]
+    has = any("cp311-cp311-" in f and f.endswith(f"_{arch}.whl") for f in wheels)
+    notes.append(f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; upstream's image builds it from source anyway")
+    return Resolution(arch, versions, notes, list(requirements), from_source)
 
 
 def additions() -> list[str]:

@@ -30,13 +30,15 @@ from typing import Any
 
 import pytest
 import yaml
+from ascend_command import image_env
 from test_k8s import ASCEND, container, pod_spec, render
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "ascend-deploy"
 HAMI_CHIPS = REPO / "k8s" / "overlays" / "ascend-hami" / "chips"
 BIN = Path(sys.executable).parent
-# Overlays whose device plugin leaves the host driver to the pod (the host-driver component).
+# Overlays that mount the host driver explicitly (the host-driver component), next to what Ascend
+# Docker Runtime mounts for their device plugin (k8s/README.md: a clash is to verify on a cluster).
 HOST_DRIVER_OVERLAYS = {"ascend-mindcluster", "ascend-mindcluster-a3", "ascend-mindcluster-volcano", "ascend-hami"}
 DAVINCI_N = re.compile(r"/dev/davinci\d+$")
 
@@ -286,10 +288,57 @@ def test_compose_engine_user_group_and_read_only_root(rendered):
     # Docker's tmpfs default is noexec, which would break loading what compilers build there.
     assert len(tmp) == 1 and "exec" in tmp[0][1].split(",")
     assert "cache:/cache" in engine["volumes"]
-    assert engine["environment"]["HOME"].startswith("/tmp")
     size = re.fullmatch(r"(\d+)([mg])", str(engine["shm_size"]).lower())
     assert size and int(size.group(1)) / (1024 if size.group(2) == "m" else 1) >= 1
     assert "privileged" not in engine and "user" not in engine  # the image's HwHiAiUser
+
+
+# --- HOME and CANN's log path: the image decides, deployments do not contradict it ----------------
+
+# Where the engine-ascend image puts HOME and CANN's logs (its ENV); Compose and every Ascend
+# overlay leave them to it, and the docs describe the image's values.
+IMAGE_OWNED = ("HOME", "ASCEND_PROCESS_LOG_PATH")
+PATH_DOCS = ("docs/ascend-troubleshooting.md", "compose/README.md", "k8s/README.md", "README.md")
+
+
+def env_disagreements(env: dict[str, Any], image: dict[str, str]) -> list[str]:
+    """Variables the engine-ascend image sets that a deployment sets to another value."""
+    return [f"{k}={env[k]} (the image: {v})" for k, v in image.items() if k in env and str(env[k]) != v]
+
+
+def ascend_engine_envs(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The literal environment of every container that runs the engine-ascend image."""
+    envs = {"compose engine": rendered["engine"]["environment"], "compose model-init": rendered["model-init"]["environment"]}
+    for overlay in ASCEND:
+        spec = pod_spec(render(overlay))
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            if c["image"].split(":")[0].endswith("palmyra-serve-engine"):
+                envs[f"{overlay} {c['name']}"] = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    return envs
+
+
+def test_deployments_leave_home_and_cann_logs_to_the_image(rendered):
+    image = image_env()
+    assert all(image[k].startswith("/cache/") for k in IMAGE_OWNED), "on the cache volume, not the read-only root"
+    envs = ascend_engine_envs(rendered)
+    assert len(envs) >= 2 + 2 * len(ASCEND), sorted(envs)
+    problems = {where: bad for where, env in envs.items() if (bad := env_disagreements(env, image))}
+    assert not problems, problems
+    # The check sees the override this file used to carry.
+    assert env_disagreements({"HOME": "/tmp", "ASCEND_PROCESS_LOG_PATH": "/tmp/ascend/log"}, image)
+
+
+def test_docs_give_the_images_home_and_cann_log_path():
+    image = image_env()
+    troubleshooting = (REPO / PATH_DOCS[0]).read_text(encoding="utf-8")
+    for name in IMAGE_OWNED:
+        assert f"{name}={image[name]}" in troubleshooting, name
+    for doc in PATH_DOCS:
+        text = (REPO / doc).read_text(encoding="utf-8")
+        values = set(re.findall(r"ASCEND_PROCESS_LOG_PATH=([^\s`),;]+)", text))
+        assert values <= {image["ASCEND_PROCESS_LOG_PATH"]}, f"{doc}: {values}"
+        if doc != "k8s/README.md":  # there the base's HOME=/tmp (CPU image) is described too
+            assert set(re.findall(r"\bHOME=([^\s`),;]+)", text)) <= {image["HOME"]}, doc
 
 
 def test_compose_a3_image_is_one_setting_away():

@@ -5,9 +5,11 @@
   aarch64 with the versions upstream pins; the wheels upstream takes from outside the index are
   named and what can be verified about them is; the project's additions resolve with that set
   without moving any of it (the build proves the same against the real base: check-base-unmoved).
-- The command the launcher prints is accepted by vLLM 0.18.0's own argument parser (its source
-  on PYTHONPATH), and every `vllm:` metric the monitoring, alerts, autoscaler and router use is
-  defined in vLLM 0.18.0's source.
+- The command the launcher prints for the image's CMD (ascend_command.py; the rehearsal asserts
+  the image prints this very line) is accepted by vLLM 0.18.0's own argument parser (its source on
+  PYTHONPATH), as are the settings the docs recommend, which reach vLLM as meant; every `vllm:`
+  metric the monitoring, alerts, autoscaler, router and sidecar use is defined in vLLM 0.18.0's
+  source.
 - The Dockerfile builds FROM the image upstream published for the release, and the entrypoint
   sources every script the CANN base's ENTRYPOINT sources.
 Needs the package index (cached under ~/.cache/palmyra-serve-tests; a clear failure offline).
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ascend_command as cmd
 import ascend_upstream as up
 import pytest
 from packaging.requirements import Requirement
@@ -41,7 +44,8 @@ EXPECTED = FACTS["expected"]
 def report(res: up.Resolution) -> str:
     keys = ("torch", "torch-npu", "triton-ascend", "torchvision", "torchaudio", "fastapi", "pydantic", "transformers",
             "numpy", "opencv-python-headless", "modelscope", "ray")
-    return f"{res.arch}: " + ", ".join(f"{k} {res.versions.get(k)}" for k in keys)
+    built = [f"{k} {v} (source)" for k, v in res.from_source.items()]
+    return f"{res.arch}: " + ", ".join([*built, *(f"{k} {res.versions.get(k)}" for k in keys)])
 
 
 # --- the Dockerfile against the release ---------------------------------------------------------
@@ -81,6 +85,9 @@ def test_upstream_set_resolves_with_upstreams_pins(arch: str) -> None:
     for note in res.notes:
         print(f"  note: {note}")
     v = res.versions
+    # The release the Dockerfile's base names, and the vLLM its own Dockerfile clones.
+    assert res.from_source.get("vllm") == EXPECTED["vllm"], report(res)
+    assert res.from_source.get("vllm-ascend") == EXPECTED["vllm-ascend"], report(res)
     assert v["torch"] == EXPECTED["torch"], report(res)
     assert v["torch-npu"] == EXPECTED["torch-npu"], report(res)
     assert v["triton-ascend"] == EXPECTED["triton-ascend"], report(res)
@@ -199,33 +206,34 @@ for key, argv in json.loads(sys.argv[1]).items():
     parser = make_arg_parser(FlexibleArgumentParser())
     try:
         args = parser.parse_args(argv)
-        results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len}
+        cc = args.compilation_config
+        sizes = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else getattr(cc, "cudagraph_capture_sizes", None)
+        results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
+                        "eager": args.enforce_eager, "capture_sizes": sizes}
     except SystemExit as exc:
         results[key] = {"ok": False, "code": exc.code}
 print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
 """
 PLATFORMS = ("ascend", "cpu", "cuda")
 UNKNOWN = "--no-such-flag-in-vllm"
+# The operator settings the docs recommend for the engine (docs/ascend-troubleshooting.md, the ACL
+# graph capture fix; docs/configuration.md), exactly as written there.
+SETTING_DOCS = ("docs/ascend-troubleshooting.md", "docs/configuration.md")
 
 
 def vllm_018_path() -> Path:
     return up.sdist_root("vllm", FACTS["recipe"]["vllm"]["version"])
 
 
-def printed_command(platform: str, extra: str = "") -> tuple[dict[str, str], list[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALMYRA_")}
-    env.update({"PYTHONPATH": str(REPO / "service"), "PALMYRA_ENGINE_API_KEY": "k", "PALMYRA_ENGINE_EXTRA_ARGS": extra})
-    run = subprocess.run(
-        [sys.executable, "-m", "palmyra_serve.cli", "engine", "--no-fetch", "--platform", platform,
-         "--model", "/models/palmyra-mini", "--print-command"],
-        capture_output=True, text=True, env=env, timeout=60, check=True,
-    )
-    words = shlex.split(run.stdout)
-    assigned = {}
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-        key, _, value = words.pop(0).partition("=")
-        assigned[key] = value
-    return assigned, words
+def documented_settings() -> dict[str, tuple[str, str]]:
+    """Every `PALMYRA_ENGINE_EXTRA_ARGS='...'` and `PALMYRA_ENFORCE_EAGER=...` the docs give."""
+    found: dict[str, tuple[str, str]] = {}
+    for doc in SETTING_DOCS:
+        text = (REPO / doc).read_text()
+        for m in re.finditer(r"(PALMYRA_ENGINE_EXTRA_ARGS)='([^']*)'|(PALMYRA_ENFORCE_EAGER)=(\w+)", text):
+            name, value = m.group(1) or m.group(3), m.group(2) or m.group(4)
+            found[f"{doc}: {name}={value}"] = (name, value)
+    return found
 
 
 def _parser_module() -> str:
@@ -238,8 +246,10 @@ def _parser_module() -> str:
 
 @pytest.fixture(scope="module")
 def commands() -> dict[str, tuple[dict[str, str], list[str]]]:
-    out = {p: printed_command(p) for p in PLATFORMS}
-    out["unknown"] = printed_command("ascend", extra=f"{UNKNOWN} 1")
+    out = {p: cmd.host_command(p) for p in PLATFORMS}
+    out["unknown"] = cmd.host_command("ascend", PALMYRA_ENGINE_EXTRA_ARGS=f"{UNKNOWN} 1")
+    for key, (name, value) in documented_settings().items():
+        out[key] = cmd.host_command("ascend", **{name: value})
     return out
 
 
@@ -261,12 +271,35 @@ def parsed(commands: dict[str, tuple[dict[str, str], list[str]]]) -> dict:
     return result
 
 
+def _accepted(parsed: dict, key: str) -> dict:
+    got = parsed["results"][key]
+    assert got["ok"], f"vLLM 0.18.0 refused {key}:\n" + parsed["stderr"][-2000:]
+    assert {k: got[k] for k in ("model", "served", "len")} == {"model": "/models/palmyra-mini", "served": ["palmyra-mini"], "len": 8192}
+    return got
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_vllm_018_parser_accepts_the_printed_command(commands: dict, parsed: dict, platform: str) -> None:
     env, argv = commands[platform]
+    print(f"{platform}: {shlex.join([f'{k}={v}' for k, v in env.items()] + argv)}")
     assert "--api-key" not in argv and env.get("VLLM_API_KEY") == "***"
-    got = parsed["results"][platform]
-    assert got == {"ok": True, "model": "/models/palmyra-mini", "served": ["palmyra-mini"], "len": 8192}, parsed["stderr"][-2000:]
+    got = _accepted(parsed, platform)
+    assert got["eager"] is False and got["capture_sizes"] is None  # the defaults: ACL graphs on
+
+
+def test_the_settings_the_docs_recommend_reach_vllm_018_as_meant(parsed: dict) -> None:
+    settings = documented_settings()
+    assert any(name == "PALMYRA_ENFORCE_EAGER" for name, _ in settings.values()), settings
+    assert any("capture_sizes" in value for _, value in settings.values()), settings
+    for key, (name, value) in settings.items():
+        got = _accepted(parsed, key)
+        if name == "PALMYRA_ENFORCE_EAGER":
+            assert got["eager"] is (value.lower() == "true"), key
+        if "capture_sizes" in value:
+            # The sizes the doc writes are the sizes vLLM receives (shell-splitting the setting
+            # must not eat the JSON's quotes).
+            meant = [int(n) for n in re.findall(r"\d+", value.split("capture_sizes", 1)[1])]
+            assert got["capture_sizes"] == meant, f"{key}: vLLM got {got['capture_sizes']}"
 
 
 def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:
@@ -279,14 +312,19 @@ def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:
 SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
+# Where vllm: names are read: what Prometheus, Grafana, KEDA and the router load (generated
+# dashboards included), and the sidecar, which parses the engine's /metrics page itself
+# (sidecar/engine_capacity.py: vllm:cache_config_info for the admission ceiling).
+METRIC_USERS = {"monitoring": {".yaml", ".yml", ".json"}, "k8s": {".yaml", ".yml", ".json"}, "service": {".py"}}
+
+
 def used_metric_lines() -> dict[str, list[str]]:
-    """Every vllm: metric name in monitoring/ and k8s/, with the lines (queries) using it."""
+    """Every vllm: metric name in monitoring/, k8s/ and service/, with the lines using it."""
     found: dict[str, list[str]] = {}
-    for top in ("monitoring", "k8s"):
+    for top, suffixes in METRIC_USERS.items():
         for path in (REPO / top).rglob("*"):
-            # What Prometheus, Grafana, KEDA and the router load (generated dashboards included);
             # promtool's test inputs feed old names on purpose and are not queries.
-            if not path.is_file() or path.suffix not in {".yaml", ".yml", ".json"} or "tests" in path.parts:
+            if not path.is_file() or path.suffix not in suffixes or "tests" in path.parts:
                 continue
             for line in path.read_text(errors="ignore").splitlines():
                 if line.lstrip().startswith("#"):
@@ -313,6 +351,7 @@ def base_name(name: str) -> str:
 def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:
     used = used_metric_lines()
     assert len(used) >= 10, "the collector found too few names to be looking in the right files"
+    assert any(line.startswith("service/") for lines in used.values() for line in lines), "the sidecar's names are collected"
     defined = {base_name(n) for n in defined_in(vllm_018_path())}
     assert "vllm:num_requests_waiting" in defined and "vllm:kv_cache_usage_perc" in defined
     missing = {}
@@ -356,6 +395,31 @@ def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: P
     # Sourced in the entrypoint's own shell, which then exec'd the command (same pid).
     pids = {line.split()[1] for line in lines}
     assert pids == {run.stdout.split()[1]}
+    # The README's first-hour checklist tells the operator to expect exactly these lines.
+    said = [line.replace(str(tmp_path), "/usr/local/Ascend") for line in run.stderr.splitlines() if " sourced " in line]
+    assert len(said) == len(scripts) and all(f"`{line}`" in readme_text() for line in said), said
+
+
+def readme_text() -> str:
+    return " ".join((REPO / "README.md").read_text().split())
+
+
+def test_readme_quotes_the_launchers_start_line(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from palmyra_serve.engine import launcher
+
+    class Done:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Done)
+    monkeypatch.setattr(launcher.signal, "signal", lambda *args: None)
+    caplog.set_level("INFO", logger=launcher.log.name)
+    launcher.run(launcher.EngineCommand(argv=["vllm"], platform="ascend"))
+    (start,) = [r.getMessage() for r in caplog.records if r.getMessage().endswith(": vllm")]
+    assert f"`{start.removesuffix('vllm')}...`" in readme_text(), start
 
 
 @pytest.mark.parametrize("dropped", range(3))
@@ -402,6 +466,10 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     _fake_dist(site, "declared-addition", "2.0")
     ok = check("compare", "base.json", str(reqs))
     assert ok.returncode == 0 and "base unmoved, pip check clean: True" in ok.stdout, ok.stderr
+    # The README's first-hour checklist quotes this line (with the image's additions).
+    line = next(x for x in ok.stdout.splitlines() if " added " in x)
+    head, tail = line.split(" declared-addition==2.0")
+    assert f"`{head} orjson==…, palmyra-serve==…, pydantic-settings==…{tail}`" in readme_text(), line
     # Moved: the base's package changed version.
     shutil.rmtree(site / "upstream_pinned-1.0.dist-info")
     _fake_dist(site, "upstream-pinned", "1.1")

@@ -283,6 +283,31 @@ def test_base_images_are_build_args_with_registry_defaults(dockerfile: Dockerfil
         assert builder.base == dockerfile.stages[target].base, f"{target} builder base {builder.base}"
 
 
+# Every file that builds, installs or runs something: a package index named here would be a default.
+INSTALL_FILES = ("bootstrap.sh", "test.sh", "Dockerfile", "docker-compose.yml", "compose", "scripts/podman", "docker")
+# The only URLs those files may name outside comments, by the line they are on (and loopback
+# addresses, where the stack talks to itself).
+ALLOWED_URL_LINES = {
+    r"^ARG TORCH_CPU_INDEX_URL=": "PyTorch's CPU wheel index, added only when it answers (index-reachable.py)",
+    r"\$\{PALMYRA_TORCH_INDEX:-": "the same index in bootstrap.sh, probed before use",
+    r"org\.opencontainers\.image\.source=": "the project's source repository, an image label",
+    r"\bHF_ENDPOINT\b": "the model hub (model-init's download), not a package index",
+}
+URL = re.compile(r"\bhttps?://([^/\s\"'}:]+)")
+
+
+def unexplained_urls(text: str, name: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        for host in URL.findall(line):
+            if host in ("127.0.0.1", "localhost") or any(re.search(p, line.strip()) for p in ALLOWED_URL_LINES):
+                continue
+            out.append(f"{name}:{n}: {line.strip()}")
+    return out
+
+
 def test_no_package_index_host_is_a_default() -> None:
     # pip's, apt's and debootstrap's own defaults stay in charge; a mirror is a build argument.
     # The one URL default left is PyTorch's CPU wheel index, used only when it answers.
@@ -292,10 +317,18 @@ def test_no_package_index_host_is_a_default() -> None:
         defaults.update({f"{stage.name}:{k}": v for k, v in stage.args_defaults().items()})
     urls = {k: v for k, v in defaults.items() if "://" in v}
     assert {k.split(":")[-1] for k in urls} <= {"TORCH_CPU_INDEX_URL"}, urls
-    scripts = [*(REPO / "scripts" / "podman").iterdir(), *(REPO / "docker").iterdir()]
-    for path in scripts:
-        text = path.read_text()
-        assert not re.search(r"(?m)^[^#\n]*\bhttps?://", text), f"{path.name} names a URL outside comments"
+    files = []
+    for name in INSTALL_FILES:
+        path = REPO / name
+        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
+    assert len(files) >= 15 and REPO / "compose" / "ascend.env" in files
+    problems = [problem for path in files for problem in unexplained_urls(path.read_text(), str(path.relative_to(REPO)))]
+    assert not problems, "URLs outside comments that are no allowed default:\n" + "\n".join(problems)
+    # The check sees a mirror given as a default, in any of these files' forms.
+    for line in ("ARG PIP_INDEX_URL=https://mirror.example/simple", "RUN debootstrap bookworm /r http://deb.example/debian",
+                 "  PIP_EXTRA_INDEX_URL: ${PIP_EXTRA_INDEX_URL:-https://mirror.example/simple}",
+                 "pip install --index-url https://mirror.example/simple -e ."):
+        assert unexplained_urls(line, "planted"), line
 
 
 def test_final_stages_carry_no_build_tools_or_pip_runs(dockerfile: Dockerfile) -> None:
