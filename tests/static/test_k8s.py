@@ -27,6 +27,8 @@ import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
 
+from helpers import deployed
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 # Exactly the command the READMEs give users, with kustomize's default load restrictor: no
@@ -300,6 +302,20 @@ def test_settings_and_secrets_reach_the_right_containers(overlay):
         assert {k: (v["key"], v.get("optional", False)) for k, v in secrets.items()} == wanted
         assert {v["name"] for v in secrets.values()} == {"palmyra-serve-secrets"}
     assert _env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"] == "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecar_worst_case_memory_fits_its_limit(overlay):
+    """The budget (sidecar/memory_budget.py) for the settings this overlay deploys: its ConfigMap
+    (PALMYRA_PLATFORM sets the adaptive ceiling), the sidecar's env and flags, and its limit."""
+    from palmyra_serve.sidecar import memory_budget
+
+    objects = render(overlay)
+    sidecar = container(pod_spec(objects), "sidecar")
+    settings = deployed.sidecar_settings(config_data(objects), sidecar)
+    limit = memory_budget.quantity_bytes(str(sidecar["resources"]["limits"]["memory"]))
+    worst = memory_budget.worst_case(settings)
+    assert worst <= limit, f"{overlay}: worst case {worst / 2**20:.0f} MiB > sidecar limit {limit / 2**20:.0f} MiB"
 
 
 PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")

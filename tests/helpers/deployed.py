@@ -1,0 +1,41 @@
+"""What a deployment gives the sidecar, read from the manifests rather than restated in tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from palmyra_serve.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_BASE = REPO / "k8s" / "base"
+
+
+def sidecar_settings(config: dict[str, str], sidecar: dict) -> Settings:
+    """The sidecar's settings as its pod sets them: the ConfigMap's PALMYRA_*, its container's
+    literal env (secrets are not read), then its command's flags through the real CLI parser."""
+    from palmyra_serve.cli import build_parser
+
+    env = {**config, **{e["name"]: e["value"] for e in sidecar.get("env", []) if "value" in e}}
+    fields = {k.removeprefix("PALMYRA_").lower(): v for k, v in env.items() if k.startswith("PALMYRA_")}
+    command = sidecar["command"]
+    assert command[0] == "palmyra-serve", command
+    flags = {k: v for k, v in vars(build_parser().parse_args(command[1:])).items() if k in Settings.model_fields}
+    known = {k: v for k, v in fields.items() if k in Settings.model_fields}
+    return Settings(_env_file=None, **{**known, **flags})  # type: ignore[arg-type]
+
+
+def base_deployment() -> dict:
+    manifest = (K8S_BASE / "deployment.yaml").read_text(encoding="utf-8")
+    return next(d for d in yaml.safe_load_all(manifest) if d and d.get("kind") == "Deployment")
+
+
+def base_config() -> dict[str, str]:
+    """k8s/base's configMapGenerator literals (what `kubectl kustomize k8s/base` puts in the ConfigMap)."""
+    kustomization = yaml.safe_load((K8S_BASE / "kustomization.yaml").read_text(encoding="utf-8"))
+    (generator,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "palmyra-serve-config"]
+    return dict(literal.split("=", 1) for literal in generator["literals"])
+
+
+def containers(deployment: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
