@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(
         None,
-        description="File with one API key per line (a mounted secret); "
+        description="File of API keys, one per line or comma-separated (a mounted secret); "
         "re-read when it changes (checked once a second).",
     )
     auth_disabled: bool = Field(
@@ -203,15 +203,22 @@ class Settings(BaseSettings):
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
+            return split_keys(value)
         return value
 
     def all_api_keys(self) -> list[str]:
-        """Keys from the environment plus the mounted file (blank lines and # comments skipped)."""
+        """Keys from the environment plus the mounted file."""
         keys = list(self.api_keys)
         if self.api_keys_file is not None:
-            for line in self.api_keys_file.read_text(encoding="utf-8").splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    keys.append(line)
+            keys += split_keys(self.api_keys_file.read_text(encoding="utf-8"))
         return keys
+
+
+def split_keys(text: str) -> list[str]:
+    """The one format of API keys, in PALMYRA_API_KEYS and in a key file alike: separated by commas
+    or newlines, surrounding blanks dropped, lines starting with # skipped."""
+    keys: list[str] = []
+    for line in text.splitlines():
+        if not line.strip().startswith("#"):
+            keys += [k.strip() for k in line.split(",") if k.strip()]
+    return keys

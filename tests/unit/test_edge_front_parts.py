@@ -119,6 +119,16 @@ def test_keys_fail_closed(tmp_path):
         ApiKeys([], tmp_path / "missing")
 
 
+def test_a_key_file_takes_the_format_k8s_readme_writes(tmp_path):
+    """`kubectl create secret ... --from-literal=api-keys="$(openssl rand -hex 32),..."` puts a
+    comma list in the mounted file: two keys, not one key with a comma in it."""
+    path = tmp_path / "api-keys"
+    path.write_text("first-key-abcdef,second-key-abcdef")  # no newline, as --from-literal writes it
+    keys = ApiKeys([], path)
+    assert keys.check(b"Bearer first-key-abcdef") and keys.check(b"Bearer second-key-abcdef")
+    assert not keys.check(b"Bearer first-key-abcdef,second-key-abcdef")
+
+
 def test_key_file_reloads_at_most_once_a_second(tmp_path):
     now = [100.0]
     path = tmp_path / "keys"

@@ -21,10 +21,8 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from palmyra_serve.settings import Settings
+from palmyra_serve.settings import Settings, split_keys
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -85,12 +83,12 @@ def validate(keys: list[str], source: str) -> list[str]:
 
 
 def read_key_file(path: Path) -> list[str]:
-    """One key per line; blank lines and # comments skipped. Empty or comment-only is an error."""
+    """Keys one per line or comma-separated (settings.split_keys); empty or comment-only is an error."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise AuthConfigError(f"PALMYRA_API_KEYS_FILE {path}: cannot read it ({exc.strerror})") from None
-    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    keys = split_keys(text)
     if not keys:
         raise AuthConfigError(f"PALMYRA_API_KEYS_FILE {path} holds no key (empty or only comments)")
     return validate(keys, f"PALMYRA_API_KEYS_FILE {path}")
