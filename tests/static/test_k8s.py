@@ -68,7 +68,7 @@ RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must surv
 SECRET_ENV = {  # container -> env name -> (secret key, optional)
     # vLLM reads VLLM_API_KEY itself: the key never appears on the engine's command line.
     "engine": {"VLLM_API_KEY": ("engine-api-key", False)},
-    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", False)},
+    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False)},  # client keys: a file, below
     "fetch-model": {"HF_TOKEN": ("hf-token", True)},
 }
 
@@ -316,6 +316,28 @@ def test_the_sidecar_worst_case_memory_fits_its_limit(overlay):
     limit = memory_budget.quantity_bytes(str(sidecar["resources"]["limits"]["memory"]))
     worst = memory_budget.worst_case(settings)
     assert worst <= limit, f"{overlay}: worst case {worst / 2**20:.0f} MiB > sidecar limit {limit / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_client_keys_are_a_required_secret_file_that_follows_rotation(overlay):
+    """An env var from a Secret is fixed at container start; a Secret volume without subPath is
+    updated in place, and the sidecar re-reads the file (sidecar/auth.py). Not optional: a Secret
+    without api-keys keeps the pod from starting (auth fails closed)."""
+    spec = pod_spec(render(overlay))
+    sidecar = container(spec, "sidecar")
+    env = _env(sidecar)
+    assert "PALMYRA_API_KEYS" not in env, "client keys as an env var: a rotated Secret would need a restart"
+    path = Path(env["PALMYRA_API_KEYS_FILE"]["value"])
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    assert "subPath" not in mount and "subPathExpr" not in mount, "a subPath mount is never updated"
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert secret["secretName"] == "palmyra-serve-secrets" and not secret.get("optional", False)
+    assert {"key": "api-keys", "path": path.name} in secret["items"]
+    others = [c["name"] for c in spec["containers"] + spec.get("initContainers", [])
+              if any(m["name"] == mount["name"] for m in c.get("volumeMounts", [])) and c is not sidecar]
+    assert others == [], f"the client keys are the sidecar's alone, not {others}'"
 
 
 PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")
