@@ -424,6 +424,12 @@ def test_auth_refuses_to_start_open_or_with_placeholder_keys(log_dir, tmp_path):
     placeholder_file = tmp_path / "placeholder"
     placeholder_file.write_text("replace-me\n")
     assert "placeholder" in start_refused(log_dir, PALMYRA_API_KEYS_FILE=str(placeholder_file))
+    # The engine key is held to the same rule (Compose's env files once shipped this one); a real
+    # client key, so the engine key is the only reason left to refuse.
+    refused = start_refused(log_dir, PALMYRA_API_KEYS="a-real-client-key-123",
+                            PALMYRA_ENGINE_API_KEY="change-me-engine-key")
+    assert "engine key (PALMYRA_ENGINE_API_KEY) is a placeholder" in refused
+    assert "change-me-engine-key" not in refused  # the value itself is never logged
 
 
 def test_keys_reload_when_the_file_changes(engine, sidecar_factory, client, tmp_path):

@@ -40,6 +40,7 @@ ASCEND_DRIVER = [
 ]
 PROBE = "/opt/palmyra/healthchecks/http_probe.py"
 HOLDER = "pod"  # the service that only holds the replica's network namespace
+TEST_ENGINE_KEY = "static-test-engine-key"  # Compose requires one; the env files ship none
 IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
 ENGINE_PORT, SIDECAR_PORT = 8000, 8080
 # The engine's launcher command as the image runs it, bound to the namespace's loopback.
@@ -179,7 +180,8 @@ def test_env_examples_set_the_switch(env_file: str, profile: str) -> None:
     lines = (COMPOSE_DIR / env_file).read_text().splitlines()
     values = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
     assert values["COMPOSE_PROFILES"] == profile
-    assert values["PALMYRA_ENGINE_API_KEY"]
+    # No usable placeholder shipped: the engine key is empty and Compose requires it (below).
+    assert values["PALMYRA_ENGINE_API_KEY"] == ""
     assert values["PALMYRA_BIND"] == "127.0.0.1"
 
 
@@ -309,14 +311,20 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         print(f"caught: {what}")
 
 
-def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
-    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+def _podman_compose_run(*files: Path, profile: str = "cpu", env_file: str = "/dev/null",
+                        **env: str) -> subprocess.CompletedProcess[str]:
     # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
-    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", profile]
+    argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
-    result = subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
+    return subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env},
+                          timeout=60, check=False)
+
+
+def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
+    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+    result = _podman_compose_run(*files, profile=profile, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return yaml.safe_load(result.stdout)
 
@@ -399,12 +407,28 @@ def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], servic
         assert env["VLLM_CACHE_ROOT"].startswith("/cache/") and env["HF_HOME"].startswith("/cache/")
 
 
-def test_engine_api_key_is_shared(services: dict[str, Any]) -> None:
+def test_engine_api_key_is_shared_and_required(services: dict[str, Any]) -> None:
     # The engine gets it as vLLM's own variable (never on argv); the sidecar sends the same value.
+    # Required (`:?`, no default): Compose itself stops until the operator sets one.
+    (required,) = {env_of(services[name])["VLLM_API_KEY"] for name in ("engine", "engine-cpu")}
+    assert required.startswith("${PALMYRA_ENGINE_API_KEY:?") and "openssl rand -hex 32" in required
     for name in ("engine", "engine-cpu"):
-        assert env_of(services[name])["VLLM_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}", name
         assert not any("api-key" in str(word) for word in services[name]["command"]), name
-    assert env_of(services["sidecar"])["PALMYRA_ENGINE_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}"
+    assert env_of(services["sidecar"])["PALMYRA_ENGINE_API_KEY"] == required
+
+
+@pytest.mark.parametrize("env_file", ["/dev/null", "compose/cpu.env"])
+def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
+    # As the quick start runs it: the env file's empty value is no key, and the message says what to do.
+    refused = _podman_compose_run(COMPOSE, env_file=env_file)
+    assert refused.returncode != 0
+    assert "required variable PALMYRA_ENGINE_API_KEY is missing a value" in refused.stderr
+    assert "openssl rand -hex 32" in refused.stderr
+    # A key in the shell that runs Compose wins over the env file's empty one, for both containers.
+    services = yaml.safe_load(_podman_compose_run(COMPOSE, env_file=env_file,
+                                                  PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout)["services"]
+    assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
+    assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
 
 
 def test_palmyra_env_names_are_settings() -> None:

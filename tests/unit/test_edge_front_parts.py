@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
-from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError
+from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError, validate_engine_key
 from palmyra_serve.sidecar.front_end import raw_response
 from palmyra_serve.sidecar.metrics import ROUTES
 from palmyra_serve.sidecar.request_cost import CostLimits, as_int, check
@@ -111,6 +111,11 @@ def test_keys_fail_closed(tmp_path):
     for placeholder in ("changeme", "CHANGE-ME", "replace-me", "change-me-engine-key", "<your key>", "short"):
         with pytest.raises(AuthConfigError, match="placeholder"):
             ApiKeys([placeholder])
+        # The engine key is held to the same rule (the sidecar refuses to start with it).
+        with pytest.raises(AuthConfigError, match="engine key"):
+            validate_engine_key(placeholder)
+    validate_engine_key(None)  # no engine key: the engine has none (a local dev engine)
+    validate_engine_key("a-real-engine-key-123")
     empty = tmp_path / "empty"
     empty.write_text("# a comment\n\n")
     with pytest.raises(AuthConfigError, match="holds no key"):

@@ -2,7 +2,8 @@
 
 Fails closed: with no usable key and no explicit PALMYRA_AUTH_DISABLED=true the sidecar refuses
 to start (AuthConfigError), and so does a key file that is empty or only comments, or a key that is
-one of the placeholders the example configurations ship. Keys configured alongside
+one of the placeholders the example configurations ship (settings.placeholder_key, the one rule,
+which the engine key at start and the engine launcher use too). Keys configured alongside
 PALMYRA_AUTH_DISABLED=true are still enforced: a contradiction resolves to the safe side.
 
 Keys are hashed once; a presented key is hashed and compared against every stored digest with
@@ -22,64 +23,33 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from palmyra_serve.settings import Settings, split_keys
+from palmyra_serve.settings import KEY_RECIPE, MIN_KEY_CHARS, Settings, engine_key_refusal, placeholder_key, split_keys
 
 log = logging.getLogger("palmyra.sidecar")
 
 RELOAD_EVERY_S = 1.0
-MIN_KEY_CHARS = 8
-# The values the repository's examples carry (.env, compose/*.env, READMEs) and the usual suspects.
-PLACEHOLDERS = frozenset(
-    {
-        "changeme",
-        "change-me",
-        "change_me",
-        "replace-me",
-        "replace_me",
-        "replaceme",
-        "your-key",
-        "your-api-key",
-        "your_api_key",
-        "api-key",
-        "apikey",
-        "secret",
-        "password",
-        "example",
-        "test",
-        "key",
-        "key1",
-        "key2",
-        "sk-xxx",
-        "xxx",
-        "todo",
-        "none",
-        "null",
-        "unused",
-        "change-me-engine-key",
-        "change-me-client-key",
-    }
-)
 
 
 class AuthConfigError(ValueError):
     """The key configuration would leave the service open or guessable; the message says why."""
 
 
-def _placeholder(key: str) -> bool:
-    low = key.lower()
-    return (
-        low in PLACEHOLDERS or low.startswith(("change-me", "changeme", "replace-me", "<")) or len(key) < MIN_KEY_CHARS
-    )
-
-
 def validate(keys: list[str], source: str) -> list[str]:
-    bad = [k for k in keys if _placeholder(k)]
+    bad = [k for k in keys if placeholder_key(k)]
     if bad:
         raise AuthConfigError(
             f"{source}: {len(bad)} key(s) are placeholders or shorter than {MIN_KEY_CHARS} "
-            f"characters (e.g. 'changeme'); generate real ones (openssl rand -hex 32)"
+            f"characters (e.g. 'changeme'); generate real ones ({KEY_RECIPE})"
         )
     return keys
+
+
+def validate_engine_key(key: str | None) -> None:
+    """The engine key, by the same rule: a placeholder (one the example configurations ship) would
+    leave the engine's /v1 behind a key anyone can read. Unset means the engine has no key."""
+    refusal = engine_key_refusal(key, "PALMYRA_ENGINE_API_KEY")
+    if refusal:
+        raise AuthConfigError(refusal)
 
 
 def read_key_file(path: Path) -> list[str]:
