@@ -184,6 +184,12 @@ def connections_to(pid: int, port: int) -> int:
                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
 
 
+def sockets_to(pid: int, port: int) -> set[tuple[str, int]]:
+    """Local addresses of the TCP sockets process pid holds to port, in any state (one the engine
+    closed stays in CLOSE_WAIT, and holds a descriptor, until the process closes it too)."""
+    return {tuple(c.laddr) for c in psutil.Process(pid).net_connections(kind="tcp") if c.raddr and c.raddr.port == port}
+
+
 @dataclass
 class Usage:
     rss_mb: float
