@@ -21,13 +21,12 @@ import pytest
 import yaml
 
 from helpers import procs
-from helpers.api import plain_client
+from helpers.api import MODEL, plain_client
 from helpers.modules import load_module
 from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
-MODEL = "palmyra-mini"
 BASE_URL = "https://runbooks.example/palmyra.md"
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval: covers both traffic waves
 

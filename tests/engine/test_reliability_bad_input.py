@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from helpers import procs
-from helpers.api import HTTP
-from reliability_support import FAST, MODEL, completion, figure, generate_ok
+from helpers.api import HTTP, MODEL, completion
+from reliability_support import FAST, figure, generate_ok
 
 BODY_LIMIT = 64 * 1024
 READ_TIMEOUT_S = 2.0

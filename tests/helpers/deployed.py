@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import yaml
@@ -39,3 +40,18 @@ def base_config() -> dict[str, str]:
 
 def containers(deployment: dict) -> dict[str, dict]:
     return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+
+
+def loopback(host: str | None) -> bool:
+    """An address on the loopback: reachable only from inside the pod (or Compose namespace).
+    A name is not: it resolves outside, to another pod or service."""
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    """The value after `flag` in a command, which must carry it exactly once."""
+    assert args.count(flag) == 1, f"{flag} in {args}"
+    return args[args.index(flag) + 1]

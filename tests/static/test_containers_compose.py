@@ -8,7 +8,6 @@ itself merges and resolves it.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 import os
 import re
@@ -22,6 +21,8 @@ import pytest
 import yaml
 
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+
+from helpers.deployed import flag_value, loopback
 from test_containers import ENGINE_CMD, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,18 +236,6 @@ def test_cpu_engine(services: dict[str, Any]) -> None:
 # --- what the sidecar serves, what the images run -------------------------------------------------------
 
 
-def _loopback(host: str | None) -> bool:
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:  # a service name: another namespace
-        return False
-
-
-def _flag(command: list[str], flag: str) -> str:
-    assert command.count(flag) == 1, f"{flag} in {command}"
-    return command[command.index(flag) + 1]
-
-
 def _published_container_ports(service: dict[str, Any]) -> list[int]:
     out = []
     for spec in service.get("ports", []):
@@ -274,10 +263,10 @@ def assert_engine_reachable_only_by_its_sidecar(services: dict[str, Any]) -> Non
         assert HOLDER in service.get("depends_on", {}), f"{name} does not wait for {HOLDER}"
     for name in ("engine", "engine-cpu"):
         command = services[name]["command"]
-        assert _loopback(_flag(command, "--host")), f"{name} listens beyond the loopback: {command}"
-        assert int(_flag(command, "--port")) == ENGINE_PORT
+        assert loopback(flag_value(command, "--host")), f"{name} listens beyond the loopback: {command}"
+        assert int(flag_value(command, "--port")) == ENGINE_PORT
     url = urlparse(env_of(services["sidecar"])["PALMYRA_ENGINE_URL"])
-    assert _loopback(url.hostname) and url.port == ENGINE_PORT, url.geturl()
+    assert loopback(url.hostname) and url.port == ENGINE_PORT, url.geturl()
     for name, service in services.items():
         ports = _published_container_ports(service) + [int(p) for p in service.get("expose", [])]
         assert ENGINE_PORT not in ports, f"{name} publishes the engine's port"

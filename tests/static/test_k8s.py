@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import ipaddress
 import os
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
 
 from helpers import deployed
+from helpers.deployed import flag_value, loopback
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -500,15 +500,10 @@ DNS_EGRESS = {(53, "UDP"), (53, "TCP")}
 DOWNLOAD_EGRESS = {(443, "TCP")}
 
 
-def _flag(args: list[str], flag: str) -> str:
-    assert args.count(flag) == 1, f"{flag} in {args}"
-    return args[args.index(flag) + 1]
-
-
 def engine_listener(spec: dict) -> tuple[str, int]:
     """(host, port) the engine's vLLM listens on, from its launcher args."""
     args = container(spec, "engine")["args"]
-    return _flag(args, "--host"), int(_flag(args, "--port"))
+    return flag_value(args, "--host"), int(flag_value(args, "--port"))
 
 
 def sidecar_ports(spec: dict) -> dict[str, int]:
@@ -530,16 +525,9 @@ def _probe_ports(c: dict) -> list[object]:
             if probe for kind in ("httpGet", "tcpSocket", "grpc") if kind in probe]
 
 
-def _loopback(host: str | None) -> bool:
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:  # a name: resolved outside the pod
-        return False
-
-
 def assert_engine_only_inside_the_pod(spec: dict) -> None:
     host, port = engine_listener(spec)
-    assert _loopback(host), f"the engine listens on {host}, not on the pod's loopback"
+    assert loopback(host), f"the engine listens on {host}, not on the pod's loopback"
     engine = container(spec, "engine")
     # A containerPort would advertise a port nothing outside the pod can (or may) connect to.
     assert not engine.get("ports"), f"engine declares ports {engine['ports']}"
@@ -556,7 +544,7 @@ def assert_engine_only_inside_the_pod(spec: dict) -> None:
         assert not any("api-key" in str(a) for a in c.get("args", []) + c.get("command", [])), c["name"]
     # The sidecar reaches the engine over the shared loopback, on the port the engine listens on.
     url = urlparse(_env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"])
-    assert _loopback(url.hostname) and url.port == port, url.geturl()
+    assert loopback(url.hostname) and url.port == port, url.geturl()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
