@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 import yaml
@@ -24,6 +25,26 @@ def sidecar_settings(config: dict[str, str], sidecar: dict) -> Settings:
     flags = {k: v for k, v in vars(build_parser().parse_args(command[1:])).items() if k in Settings.model_fields}
     known = {k: v for k, v in fields.items() if k in Settings.model_fields}
     return Settings(_env_file=None, **{**known, **flags})  # type: ignore[arg-type]
+
+
+def compose_sidecar_settings(service: dict, image_env: dict[str, str], entrypoint: list[str]) -> Settings:
+    """The sidecar's settings as Compose runs it: the image's ENV overridden by the service's
+    environment (as podman-compose resolves it), then ENTRYPOINT plus the service's command
+    through the real CLI parser."""
+    env = {**image_env, **{k: str(v) for k, v in service.get("environment", {}).items()}}
+    return sidecar_settings(env, {"command": [*entrypoint, *service.get("command", [])]})
+
+
+_COMPOSE_BYTES = re.compile(r"(\d+(?:\.\d+)?)([bkmg]?)b?")
+_COMPOSE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def compose_bytes(value: str | int) -> int:
+    """A Compose byte value ("1g", "512m", "2048k", "1gb", plain bytes) in bytes: binary units,
+    as Docker and podman read them (unlike Kubernetes' "1G", which is 10**9)."""
+    match = _COMPOSE_BYTES.fullmatch(str(value).strip().lower())
+    assert match, f"not a Compose byte value: {value!r}"
+    return int(float(match.group(1)) * _COMPOSE_UNITS[match.group(2)])
 
 
 def base_deployment() -> dict:

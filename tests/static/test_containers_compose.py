@@ -22,6 +22,7 @@ import yaml
 
 from palmyra_serve.sidecar.routes import PROBE_PATHS
 
+from helpers import deployed
 from helpers.deployed import flag_value, loopback
 from test_containers import ENGINE_CMD, parse_dockerfile
 
@@ -418,6 +419,33 @@ def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
                                                   PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout)["services"]
     assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
     assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
+
+
+def test_the_sidecar_worst_case_memory_fits_its_compose_limit() -> None:
+    """The budget (sidecar/memory_budget.py) for the settings the Compose sidecar runs with: its
+    image's ENV and ENTRYPOINT, then the service's environment as podman-compose resolves it
+    (defaults filled in), against the service's memory limit; as test_k8s.py does per overlay."""
+    import podman_compose
+
+    from palmyra_serve.sidecar import memory_budget
+
+    sidecar = _podman_compose_config(COMPOSE)["services"]["sidecar"]
+    stage = parse_dockerfile((REPO / "Dockerfile").read_text()).stages["sidecar"]
+    settings = deployed.compose_sidecar_settings(sidecar, stage.env(), stage.last("ENTRYPOINT").exec_form())
+    assert settings.probe_port == 8081 and settings.admission_mode == "adaptive", "what Compose runs"
+    limit_value = sidecar["deploy"]["resources"]["limits"]["memory"]
+    limit = deployed.compose_bytes(limit_value)
+    worst = memory_budget.worst_case(settings)
+    print(f"Compose sidecar: worst case {worst / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB")
+    assert worst <= limit, f"worst case {worst / 2**20:.0f} MiB > sidecar limit {limit / 2**20:.0f} MiB"
+    # The check reads the deployed settings: the issue's 4 MiB bodies would not fit.
+    assert memory_budget.worst_case(settings.model_copy(update={"max_body_bytes": 4 * 2**20})) > limit
+    # One limit for the sidecar wherever it runs: the Kubernetes base gives it the same.
+    assert limit == memory_budget.container_limit(deployed.base_deployment(), "sidecar")
+    # podman-compose (the pinned tool the container tier runs) hands it to podman as the limit.
+    podman_args: list[str] = []
+    podman_compose.container_to_cpu_res_args(sidecar, podman_args)
+    assert podman_args == ["-m", str(limit_value).lower()]
 
 
 def test_palmyra_env_names_are_settings() -> None:

@@ -2,8 +2,9 @@
 
 Every term is a product of settings the sidecar enforces, so the sum is a bound, not an estimate
 of typical use. docs/configuration.md shows this table for the defaults (scripts/gen_docs.py), and
-tests/unit/test_edge_front_parts.py checks that it fits the sidecar container's memory limit in
-k8s/base/deployment.yaml.
+tests check that it fits the sidecar container's memory limit for the settings each deployment
+gives it: k8s/base/deployment.yaml (tests/unit/test_edge_front_parts.py), every k8s overlay
+(tests/static/test_k8s.py) and docker-compose.yml (tests/static/test_containers_compose.py).
 """
 
 from __future__ import annotations
