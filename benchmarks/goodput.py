@@ -376,14 +376,14 @@ def engine_idle(engine_url: str, timeout_s: float) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     from helpers import procs
-    from palmyra_serve.model import stand_in
+    from helpers.models import stand_in_model
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of open streams at 4x
     # The sidecar as a CPU deployment runs it: `up` and the Kubernetes CPU overlay tell it the
     # platform, which sets its admission ceiling (vLLM's CPU max-num-seqs, 128; docs/admission.md).
     sidecar_env = {"PALMYRA_PLATFORM": "cpu", **dict(kv.split("=", 1) for kv in args.sidecar_env)}
-    model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
+    model = stand_in_model("tiny")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.log_dir or Path(tmp)  # --log-dir keeps the engine's and sidecar's logs

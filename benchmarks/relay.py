@@ -225,9 +225,9 @@ async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: 
 
 
 def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
-    from palmyra_serve.model import stand_in
+    from helpers.models import stand_in_model
 
-    model = stand_in.build(Path.home() / ".cache" / "palmyra-serve-tests" / "models" / "tiny", "tiny")
+    model = stand_in_model("tiny")
     results: dict = {"streams": {}, "cold_start": {}}
     with procs.engine(model, log_dir) as engine:
         engine_auth = [(b"authorization", f"Bearer {engine.api_key}".encode())]

@@ -47,10 +47,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
+from helpers.models import TEST_CACHE  # noqa: E402
 from palmyra_serve.model import stand_in  # noqa: E402
 
 RESULTS = HERE / "results"
-MODELS = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests")) / "models"
+MODELS = TEST_CACHE / "models"
 ENGINE_KEY = "startup-bench-key"
 MAX_MODEL_LEN = 8192  # k8s/base/kustomization.yaml
 KVCACHE_GIB = 2  # k8s/overlays/cpu

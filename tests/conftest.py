@@ -1,4 +1,5 @@
-"""Shared test plumbing: tier markers by directory, the path to the vendored test data."""
+"""Shared test plumbing: tier markers by directory, the path to the vendored test data, the tiny
+stand-in checkpoint."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny stand-in checkpoint, one cached copy for the engine and container tiers."""
+    from helpers.models import stand_in_model
+
+    return stand_in_model("tiny")
 
 
 @pytest.fixture(scope="session")

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(
         None,
-        description="File with one API key per line (a mounted secret); "
+        description="File of API keys, one per line or comma-separated (a mounted secret); "
         "re-read when it changes (checked once a second).",
     )
     auth_disabled: bool = Field(
@@ -203,15 +203,81 @@ class Settings(BaseSettings):
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
+            return split_keys(value)
         return value
 
     def all_api_keys(self) -> list[str]:
-        """Keys from the environment plus the mounted file (blank lines and # comments skipped)."""
+        """Keys from the environment plus the mounted file."""
         keys = list(self.api_keys)
         if self.api_keys_file is not None:
-            for line in self.api_keys_file.read_text(encoding="utf-8").splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    keys.append(line)
+            keys += split_keys(self.api_keys_file.read_text(encoding="utf-8"))
         return keys
+
+
+def split_keys(text: str) -> list[str]:
+    """The one format of API keys, in PALMYRA_API_KEYS and in a key file alike: separated by commas
+    or newlines, surrounding blanks dropped, lines starting with # skipped."""
+    keys: list[str] = []
+    for line in text.splitlines():
+        if not line.strip().startswith("#"):
+            keys += [k.strip() for k in line.split(",") if k.strip()]
+    return keys
+
+
+# The one rule for keys that must not be used: the values the repository's examples carry (.env,
+# compose/*.env, READMEs), the usual suspects, and anything short enough to guess. Client keys
+# (sidecar/auth.py), the engine key at sidecar start and the engine launcher all apply it.
+MIN_KEY_CHARS = 8
+KEY_RECIPE = "openssl rand -hex 32"
+PLACEHOLDER_KEYS = frozenset(
+    {
+        "changeme",
+        "change-me",
+        "change_me",
+        "replace-me",
+        "replace_me",
+        "replaceme",
+        "your-key",
+        "your-api-key",
+        "your_api_key",
+        "api-key",
+        "apikey",
+        "secret",
+        "password",
+        "example",
+        "test",
+        "key",
+        "key1",
+        "key2",
+        "sk-xxx",
+        "xxx",
+        "todo",
+        "none",
+        "null",
+        "unused",
+        "change-me-engine-key",
+        "change-me-client-key",
+    }
+)
+
+
+def placeholder_key(key: str) -> bool:
+    """True for a key that is a known placeholder, starts like one, or is shorter than MIN_KEY_CHARS."""
+    low = key.lower()
+    return (
+        low in PLACEHOLDER_KEYS
+        or low.startswith(("change-me", "changeme", "replace-me", "<"))
+        or len(key) < MIN_KEY_CHARS
+    )
+
+
+def engine_key_refusal(key: str | None, source: str) -> str | None:
+    """Why the engine key read from `source` must not be used, or None (unset means no key). One
+    message for the sidecar's start and the engine launcher alike."""
+    if key and placeholder_key(key):
+        return (
+            f"the engine key ({source}) is a placeholder or shorter than {MIN_KEY_CHARS} characters; "
+            f"generate one ({KEY_RECIPE}) and give the engine (VLLM_API_KEY) and the sidecar "
+            "(PALMYRA_ENGINE_API_KEY) the same value"
+        )
+    return None

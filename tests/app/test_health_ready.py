@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import time
 
-import httpx
-
 from helpers.procs import fake_engine
 from helpers import procs
+from helpers.api import body_when_ready, ready_body
 from helpers.waiting import wait_until
-
-
-def ready_body(client: httpx.Client, url: str) -> tuple[int, dict]:
-    resp = client.get(f"{url}/ready")
-    return resp.status_code, resp.json()
 
 
 def test_slow_starting_engine_then_ready_after_warmup(sidecar_factory, log_dir, client):
@@ -23,8 +17,7 @@ def test_slow_starting_engine_then_ready_after_warmup(sidecar_factory, log_dir, 
         assert status == 503 and body["phase"] == "waiting_for_engine" and body["ready"] is False
         assert client.get(f"{sc.url}/health/sidecar").status_code == 200
         with fake_engine(log_dir, start_delay=1.5, port=port):
-            body = wait_until(lambda: ready_body(client, sc.url)[1] if ready_body(client, sc.url)[0] == 200 else None,
-                              20, "ready")
+            body = wait_until(lambda: body_when_ready(client, sc.url), 20, "ready")
             assert body["phase"] == "ready"
             assert body["progress"]["done"] == body["progress"]["total"] >= 5
             assert body["weights"] == "unknown"  # the fake's model root does not exist here

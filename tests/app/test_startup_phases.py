@@ -10,6 +10,7 @@ import time
 import httpx
 
 from helpers import procs
+from helpers.api import body_when_ready
 from helpers.procs import fake_engine
 from helpers.waiting import wait_until
 
@@ -23,11 +24,6 @@ def phases(client: httpx.Client, url: str) -> dict[str, float]:
     return {name: float(value) for name, value in METRIC.findall(client.get(f"{url}/metrics").text)}
 
 
-def ready_body(client: httpx.Client, url: str) -> dict | None:
-    resp = client.get(f"{url}/ready")
-    return resp.json() if resp.status_code == 200 else None
-
-
 def test_phases_follow_the_engines_start_and_warmup_delays(sidecar_factory, log_dir, client):
     port = procs.free_port()
     start_delay, generate_delay = 4.0, 0.3
@@ -38,7 +34,7 @@ def test_phases_follow_the_engines_start_and_warmup_delays(sidecar_factory, log_
         assert "palmyra_startup_phase_seconds" in client.get(f"{sc.url}/metrics").text  # HELP/TYPE only
         spawned = time.monotonic()
         with fake_engine(log_dir, start_delay=start_delay, port=port, generate_delay=generate_delay):
-            body = wait_until(lambda: ready_body(client, sc.url), 30, "ready")
+            body = wait_until(lambda: body_when_ready(client, sc.url), 30, "ready")
             observed = time.monotonic() - t0
             got = phases(client, sc.url)
             assert set(got) == {"engine_up", "warmup"}
@@ -59,16 +55,16 @@ def test_a_restarted_engine_is_a_new_start_up_measured_from_the_loss(sidecar_fac
     port = procs.free_port()
     with sidecar_factory(f"http://127.0.0.1:{port}", wait_ready=False) as sc:
         with fake_engine(log_dir, port=port, generate_delay=0.3):
-            wait_until(lambda: ready_body(client, sc.url), 30, "first ready")
+            wait_until(lambda: body_when_ready(client, sc.url), 30, "first ready")
             first = phases(client, sc.url)
         assert first["warmup"] >= SEQUENTIAL_WARMUP_REQUESTS * 0.3
         # The engine is gone (as a crashed engine container): readiness goes, the figures of the
         # last start-up stay until the next one finishes.
-        wait_until(lambda: ready_body(client, sc.url) is None, 10, "not ready once the engine is gone")
+        wait_until(lambda: body_when_ready(client, sc.url) is None, 10, "not ready once the engine is gone")
         assert phases(client, sc.url) == first
         lost = time.monotonic()
         with fake_engine(log_dir, start_delay=1.5, port=port):
-            wait_until(lambda: ready_body(client, sc.url), 30, "ready again")
+            wait_until(lambda: body_when_ready(client, sc.url), 30, "ready again")
             again = time.monotonic() - lost
             second = phases(client, sc.url)
         # A new start-up: measured from the loss (the sidecar noticed it before `lost`), with this

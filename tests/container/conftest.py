@@ -16,16 +16,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size
+from podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size, run_logged
 
-CACHE = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests"))
 REPORT = Path(os.environ.get("PALMYRA_CONTAINER_REPORT", "/tmp/palmyra-container-report.json"))
 _SUMMARY: list[str] = []
 
@@ -41,15 +38,6 @@ def podman_env() -> Iterator[None]:
         os.environ.pop("CONTAINERS_CONF", None)
     else:
         os.environ["CONTAINERS_CONF"] = previous
-
-
-def run_logged(argv: list[str], log: Path, timeout: float) -> float:
-    started = time.monotonic()
-    with log.open("w") as out:
-        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    elapsed = time.monotonic() - started
-    assert proc.returncode == 0, f"{' '.join(argv)} failed after {elapsed:.0f} s:\n{log.read_text()[-5000:]}"
-    return elapsed
 
 
 @pytest.fixture(scope="session")
@@ -70,14 +58,6 @@ def built_images(podman_env: None, build_logs: Path) -> BuiltImages:
         _SUMMARY.append(f"{image}: {sizes[image] / 1e9:.2f} GB, built in {seconds[image]:.0f} s this session")
     REPORT.write_text(json.dumps({"sizes_bytes": sizes, "build_seconds": seconds}, indent=2))
     return BuiltImages(ENGINE_IMAGE, SIDECAR_IMAGE, sizes, seconds)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    """The tiny stand-in checkpoint, the same cached one the engine tier uses."""
-    from palmyra_serve.model import stand_in
-
-    return stand_in.build(CACHE / "models" / "tiny", "tiny", seed=0)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -27,6 +27,17 @@ class BuiltImages:
     build_seconds: dict[str, float]
 
 
+def run_logged(argv: list[str], log: Path, timeout: float) -> float:
+    """Run a build step with its output (stdout and stderr, interleaved) in `log`; fail with the
+    log's tail unless it exits 0. Returns the seconds it took."""
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"{' '.join(argv)} failed after {elapsed:.0f} s:\n{log.read_text()[-6000:]}"
+    return elapsed
+
+
 def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from podman_helpers import PODMAN_DIR, REPO, podman
+from podman_helpers import PODMAN_DIR, REPO, podman, run_logged
 
 pytestmark = pytest.mark.container
 
@@ -45,15 +45,6 @@ DIR_VARS = ("PALMYRA_WORK_DIR", "HOME", "TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CONFI
             "ASCEND_PROCESS_LOG_PATH")
 
 
-def run_logged(argv: list[str], log: Path, timeout: float) -> str:
-    import subprocess
-
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    log.write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"{' '.join(argv)} failed:\n{(proc.stdout + proc.stderr)[-6000:]}"
-    return proc.stdout + proc.stderr
-
-
 @pytest.fixture(scope="module")
 def rehearsal_image(podman_env: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     logs = tmp_path_factory.mktemp("ascend-rehearsal")
@@ -61,11 +52,12 @@ def rehearsal_image(podman_env: None, tmp_path_factory: pytest.TempPathFactory) 
     versions = up.upstream_set("x86_64").versions
     packages = " ".join(f"{name}=={versions[name]}" for name in FROM_UPSTREAM)
     run_logged([str(PODMAN_DIR / "build-vllm-ascend-stand-in.sh"), packages], logs / "stand-in.log", timeout=1200)
-    build = run_logged(
+    run_logged(
         [str(PODMAN_DIR / "build-image.sh"), "engine-ascend", IMAGE, "--build-arg", f"VLLM_ASCEND_BASE={STAND_IN}",
          "--build-arg", f"HWHIAIUSER_UID={UID}", "--build-arg", f"HWHIAIUSER_GID={GID}"],
         logs / "engine-ascend.log", timeout=1800,
     )
+    build = (logs / "engine-ascend.log").read_text()
     return IMAGE, build
 
 

@@ -1,4 +1,5 @@
-"""Session fixtures for the engine tier: the tiny stand-in, one real vLLM CPU engine, one sidecar.
+"""Session fixtures for the engine tier: one real vLLM CPU engine serving the tiny stand-in
+(tiny_model_dir, from tests/conftest.py), one sidecar.
 
 The engine starts once per session (about a minute) and every engine test shares it. Tests that
 need an engine of their own (another dtype, perturbed weights, a killed engine) use
@@ -7,21 +8,12 @@ need an engine of their own (another dtype, perturbed weights, a killed engine) 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import procs
-from palmyra_serve.model import stand_in
-
-CACHE = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests"))
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    return stand_in.build(CACHE / "models" / "tiny", "tiny", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-from helpers.api import HTTP, plain_client
-
-MODEL = "palmyra-mini"
+from helpers.api import HTTP, completion, plain_client
 
 # Short intervals so transitions happen in seconds (the production defaults are minutes). The
 # warmup timeout stays generous: the real engine compiles shapes on its first requests.
@@ -44,10 +42,6 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); no interpolation, so p99 of 10 values is the maximum."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def completion(prompt: str | list[int] = "Tell me a story", max_tokens: int = 8, **extra: object) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, **extra}
 
 
 def long_stream(max_tokens: int = 1500) -> dict:
@@ -182,6 +176,12 @@ def connections_to(pid: int, port: int) -> int:
     """ESTABLISHED TCP connections from process pid to 127.0.0.1:port."""
     return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def sockets_to(pid: int, port: int) -> set[tuple[str, int]]:
+    """Local addresses of the TCP sockets process pid holds to port, in any state (one the engine
+    closed stays in CLOSE_WAIT, and holds a descriptor, until the process closes it too)."""
+    return {tuple(c.laddr) for c in psutil.Process(pid).net_connections(kind="tcp") if c.raddr and c.raddr.port == port}
 
 
 @dataclass

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from helpers import procs
-from helpers.api import plain_client
+from helpers.api import MODEL, completion, plain_client
 from helpers.waiting import wait_until
-from reliability_support import FAST, MODEL, completion, engine_gauge, figure, sidecar_metric
+from reliability_support import FAST, engine_gauge, figure, sidecar_metric
 
 ENGINE_MAX_MODEL_LEN = 2048  # procs.engine's
 

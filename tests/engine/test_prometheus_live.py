@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -20,13 +21,12 @@ import pytest
 import yaml
 
 from helpers import procs
-from helpers.api import plain_client
+from helpers.api import MODEL, plain_client
 from helpers.modules import load_module
 from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
-MODEL = "palmyra-mini"
 BASE_URL = "https://runbooks.example/palmyra.md"
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval: covers both traffic waves
 
@@ -122,15 +122,35 @@ def drive_traffic(client: httpx.Client, dead: httpx.Client) -> list[tuple[str, i
     return seen
 
 
+def _last_scrapes(prom) -> dict[str, float]:
+    """When each active target's last scrape began (wall clock), by scrape URL."""
+    active = prom.api("targets", state="active")["data"]["activeTargets"]
+    return {a["scrapeUrl"]: datetime.fromisoformat(a["lastScrape"]).timestamp() for a in active}
+
+
+def wait_scraped_after(prom, t: float) -> None:
+    """Every target scraped after t, and that scrape stored: lastScrape is set when a scrape's
+    body is read, before its samples are committed, but a target's scrapes run one after another,
+    so once its lastScrape advances again the scrape that began after t is in the database."""
+    def all_after():
+        scrapes = _last_scrapes(prom)
+        return len(scrapes) == 3 and all(v > t for v in scrapes.values()) and scrapes
+
+    after = wait_until(all_after, 30, "every target scraped after the first wave")
+    wait_until(lambda: all(v > after[url] for url, v in _last_scrapes(prom).items()), 30,
+               "every target scraped once more (the scrape after the first wave stored)")
+
+
 @pytest.fixture(scope="module")
 def traffic(live_prometheus, sidecar_server, dead_sidecar):
     prom = live_prometheus
     with _client(sidecar_server) as client, _client(dead_sidecar) as dead:
         first = drive_traffic(client, dead)
+        first_done = time.time()  # Prometheus runs on this machine: the same wall clock
         # every series the first wave created is in Prometheus before the second wave moves it,
-        # so rate() sees an increase for each of them
+        # so rate() sees an increase for each of them: every target scraped again since it ended
         wait_until(lambda: _finite(prom, 'palmyra_requests_total{status="413"}'), 30, "the first wave scraped")
-        time.sleep(3)
+        wait_scraped_after(prom, first_done)
         second = drive_traffic(client, dead)
     return first + second
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from helpers import procs
-from helpers.api import plain_client
-from reliability_support import FAST, completion, figure
+from helpers.api import completion, plain_client
+from reliability_support import FAST, figure
 
 KEY_A = "sk-palmyra-" + secrets.token_hex(16)
 KEY_B = "sk-palmyra-" + secrets.token_hex(16)

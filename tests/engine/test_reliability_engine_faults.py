@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from helpers import procs
-from helpers.api import HTTP
-from reliability_support import (FAST, TransitionWatcher, completion, engine_core, figure, generate_ok,
-                                 long_stream, ready, start_streams)
+from helpers.api import HTTP, completion
+from reliability_support import (FAST, TransitionWatcher, engine_core, figure, generate_ok, long_stream, ready,
+                                 start_streams)
 from helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from helpers import procs
-from helpers.api import plain_client
-from reliability_support import FAST, MODEL, StreamThread, completion, figure, generate_ok, long_stream, usage
+from helpers.api import MODEL, completion, plain_client
+from reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4

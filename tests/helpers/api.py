@@ -20,8 +20,24 @@ def plain_client(**kwargs) -> httpx.Client:
 HTTP = plain_client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def completion(prompt: str = "hi", **extra) -> dict:
-    return {"model": "palmyra-mini", "prompt": prompt, "max_tokens": 4, **extra}
+MODEL = "palmyra-mini"  # the served model name of the tests' engines, real and fake
+
+
+def completion(prompt: str | list[int] = "hi", max_tokens: int | str = 4, **extra: object) -> dict:
+    """A /v1/completions body; `extra` adds or overrides fields (n, stream, ignore_eos, ...)."""
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, **extra}
+
+
+def ready_body(client: httpx.Client, url: str) -> tuple[int, dict]:
+    """GET /ready: its status and JSON body."""
+    resp = client.get(f"{url}/ready")
+    return resp.status_code, resp.json()
+
+
+def body_when_ready(client: httpx.Client, url: str) -> dict | None:
+    """/ready's body when it says ready (200), else None: a wait_until predicate."""
+    status, body = ready_body(client, url)
+    return body if status == 200 else None
 
 
 def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict:

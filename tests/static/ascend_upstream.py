@@ -36,9 +36,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from helpers.models import TEST_CACHE as CACHE
+
 REPO = Path(__file__).resolve().parents[2]
 FACTS = json.loads((Path(__file__).with_name("ascend_upstream_v0.18.0.json")).read_text())
-CACHE = Path(os.environ.get("PALMYRA_TEST_CACHE", Path.home() / ".cache" / "palmyra-serve-tests"))
 BIN = Path(sys.executable).parent
 ARCHES = ("x86_64", "aarch64")
 # Ubuntu 22.04 (the CANN base) has glibc 2.35: wheels up to manylinux_2_35 install there.

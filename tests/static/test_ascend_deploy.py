@@ -255,7 +255,9 @@ def compose_config(**env: str) -> dict[str, Any]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "HWHIAIUSER_", "COMPOSE_"))}
     result = subprocess.run(
         [str(BIN / "podman-compose"), "--dry-run", "--env-file", "compose/ascend.env", "-f", "docker-compose.yml", "config"],
-        cwd=REPO, env={**environ, **env}, capture_output=True, text=True, timeout=120, check=False,
+        # Compose requires the engine key and compose/ascend.env ships none (the shell gives it).
+        cwd=REPO, env={**environ, "PALMYRA_ENGINE_API_KEY": "static-test-engine-key", **env},
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)["services"]

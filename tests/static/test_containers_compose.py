@@ -8,7 +8,6 @@ itself merges and resolves it.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 import os
 import re
@@ -22,6 +21,9 @@ import pytest
 import yaml
 
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+
+from helpers import deployed
+from helpers.deployed import flag_value, loopback
 from test_containers import ENGINE_CMD, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +42,7 @@ ASCEND_DRIVER = [
 ]
 PROBE = "/opt/palmyra/healthchecks/http_probe.py"
 HOLDER = "pod"  # the service that only holds the replica's network namespace
+TEST_ENGINE_KEY = "static-test-engine-key"  # Compose requires one; the env files ship none
 IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
 ENGINE_PORT, SIDECAR_PORT = 8000, 8080
 # The engine's launcher command as the image runs it, bound to the namespace's loopback.
@@ -179,7 +182,8 @@ def test_env_examples_set_the_switch(env_file: str, profile: str) -> None:
     lines = (COMPOSE_DIR / env_file).read_text().splitlines()
     values = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
     assert values["COMPOSE_PROFILES"] == profile
-    assert values["PALMYRA_ENGINE_API_KEY"]
+    # No usable placeholder shipped: the engine key is empty and Compose requires it (below).
+    assert values["PALMYRA_ENGINE_API_KEY"] == ""
     assert values["PALMYRA_BIND"] == "127.0.0.1"
 
 
@@ -233,18 +237,6 @@ def test_cpu_engine(services: dict[str, Any]) -> None:
 # --- what the sidecar serves, what the images run -------------------------------------------------------
 
 
-def _loopback(host: str | None) -> bool:
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:  # a service name: another namespace
-        return False
-
-
-def _flag(command: list[str], flag: str) -> str:
-    assert command.count(flag) == 1, f"{flag} in {command}"
-    return command[command.index(flag) + 1]
-
-
 def _published_container_ports(service: dict[str, Any]) -> list[int]:
     out = []
     for spec in service.get("ports", []):
@@ -272,10 +264,10 @@ def assert_engine_reachable_only_by_its_sidecar(services: dict[str, Any]) -> Non
         assert HOLDER in service.get("depends_on", {}), f"{name} does not wait for {HOLDER}"
     for name in ("engine", "engine-cpu"):
         command = services[name]["command"]
-        assert _loopback(_flag(command, "--host")), f"{name} listens beyond the loopback: {command}"
-        assert int(_flag(command, "--port")) == ENGINE_PORT
+        assert loopback(flag_value(command, "--host")), f"{name} listens beyond the loopback: {command}"
+        assert int(flag_value(command, "--port")) == ENGINE_PORT
     url = urlparse(env_of(services["sidecar"])["PALMYRA_ENGINE_URL"])
-    assert _loopback(url.hostname) and url.port == ENGINE_PORT, url.geturl()
+    assert loopback(url.hostname) and url.port == ENGINE_PORT, url.geturl()
     for name, service in services.items():
         ports = _published_container_ports(service) + [int(p) for p in service.get("expose", [])]
         assert ENGINE_PORT not in ports, f"{name} publishes the engine's port"
@@ -309,14 +301,20 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         print(f"caught: {what}")
 
 
-def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
-    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+def _podman_compose_run(*files: Path, profile: str = "cpu", env_file: str = "/dev/null",
+                        **env: str) -> subprocess.CompletedProcess[str]:
     # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
-    argv = [tool("podman-compose"), "--env-file", "/dev/null", "--dry-run", "-p", "palmyra-static", "--profile", profile]
+    argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
-    result = subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
+    return subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env},
+                          timeout=60, check=False)
+
+
+def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
+    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+    result = _podman_compose_run(*files, profile=profile, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return yaml.safe_load(result.stdout)
 
@@ -399,12 +397,55 @@ def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], servic
         assert env["VLLM_CACHE_ROOT"].startswith("/cache/") and env["HF_HOME"].startswith("/cache/")
 
 
-def test_engine_api_key_is_shared(services: dict[str, Any]) -> None:
+def test_engine_api_key_is_shared_and_required(services: dict[str, Any]) -> None:
     # The engine gets it as vLLM's own variable (never on argv); the sidecar sends the same value.
+    # Required (`:?`, no default): Compose itself stops until the operator sets one.
+    (required,) = {env_of(services[name])["VLLM_API_KEY"] for name in ("engine", "engine-cpu")}
+    assert required.startswith("${PALMYRA_ENGINE_API_KEY:?") and "openssl rand -hex 32" in required
     for name in ("engine", "engine-cpu"):
-        assert env_of(services[name])["VLLM_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}", name
         assert not any("api-key" in str(word) for word in services[name]["command"]), name
-    assert env_of(services["sidecar"])["PALMYRA_ENGINE_API_KEY"] == "${PALMYRA_ENGINE_API_KEY:-}"
+    assert env_of(services["sidecar"])["PALMYRA_ENGINE_API_KEY"] == required
+
+
+@pytest.mark.parametrize("env_file", ["/dev/null", "compose/cpu.env"])
+def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
+    # As the quick start runs it: the env file's empty value is no key, and the message says what to do.
+    refused = _podman_compose_run(COMPOSE, env_file=env_file)
+    assert refused.returncode != 0
+    assert "required variable PALMYRA_ENGINE_API_KEY is missing a value" in refused.stderr
+    assert "openssl rand -hex 32" in refused.stderr
+    # A key in the shell that runs Compose wins over the env file's empty one, for both containers.
+    services = yaml.safe_load(_podman_compose_run(COMPOSE, env_file=env_file,
+                                                  PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout)["services"]
+    assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
+    assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
+
+
+def test_the_sidecar_worst_case_memory_fits_its_compose_limit() -> None:
+    """The budget (sidecar/memory_budget.py) for the settings the Compose sidecar runs with: its
+    image's ENV and ENTRYPOINT, then the service's environment as podman-compose resolves it
+    (defaults filled in), against the service's memory limit; as test_k8s.py does per overlay."""
+    import podman_compose
+
+    from palmyra_serve.sidecar import memory_budget
+
+    sidecar = _podman_compose_config(COMPOSE)["services"]["sidecar"]
+    stage = parse_dockerfile((REPO / "Dockerfile").read_text()).stages["sidecar"]
+    settings = deployed.compose_sidecar_settings(sidecar, stage.env(), stage.last("ENTRYPOINT").exec_form())
+    assert settings.probe_port == 8081 and settings.admission_mode == "adaptive", "what Compose runs"
+    limit_value = sidecar["deploy"]["resources"]["limits"]["memory"]
+    limit = deployed.compose_bytes(limit_value)
+    worst = memory_budget.worst_case(settings)
+    print(f"Compose sidecar: worst case {worst / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB")
+    assert worst <= limit, f"worst case {worst / 2**20:.0f} MiB > sidecar limit {limit / 2**20:.0f} MiB"
+    # The check reads the deployed settings: the issue's 4 MiB bodies would not fit.
+    assert memory_budget.worst_case(settings.model_copy(update={"max_body_bytes": 4 * 2**20})) > limit
+    # One limit for the sidecar wherever it runs: the Kubernetes base gives it the same.
+    assert limit == memory_budget.container_limit(deployed.base_deployment(), "sidecar")
+    # podman-compose (the pinned tool the container tier runs) hands it to podman as the limit.
+    podman_args: list[str] = []
+    podman_compose.container_to_cpu_res_args(sidecar, podman_args)
+    assert podman_args == ["-m", str(limit_value).lower()]
 
 
 def test_palmyra_env_names_are_settings() -> None:

@@ -25,6 +25,8 @@ import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 
+from helpers.markdown import github_slug
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 GEN = REPO / "scripts" / "gen_docs.py"
@@ -166,7 +168,7 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TORCH_CPU_INDEX_URL": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
-    "PALMYRA_TEST_CACHE": ("tests/engine/conftest.py", "test cache directory"),
+    "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_RELIABILITY_FIGURES": ("tests/engine/reliability_support.py", "where the reliability suite appends its figures"),
 }
@@ -219,14 +221,6 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
 
 def strip_code(text: str) -> str:
     return INLINE_CODE.sub("", FENCE.sub("", text))
-
-
-def github_slug(heading: str) -> str:
-    """GitHub's heading anchor: the rendered text, lower-cased, punctuation dropped, spaces to '-'."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images keep their text
-    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
-    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
-    return text.replace(" ", "-")
 
 
 def anchors(path: Path, text: str | None = None) -> set[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import ipaddress
 import os
 import shutil
 import subprocess
@@ -26,6 +25,9 @@ import pytest
 import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+
+from helpers import deployed
+from helpers.deployed import flag_value, loopback
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -66,7 +68,7 @@ RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must surv
 SECRET_ENV = {  # container -> env name -> (secret key, optional)
     # vLLM reads VLLM_API_KEY itself: the key never appears on the engine's command line.
     "engine": {"VLLM_API_KEY": ("engine-api-key", False)},
-    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False), "PALMYRA_API_KEYS": ("api-keys", False)},
+    "sidecar": {"PALMYRA_ENGINE_API_KEY": ("engine-api-key", False)},  # client keys: a file, below
     "fetch-model": {"HF_TOKEN": ("hf-token", True)},
 }
 
@@ -302,6 +304,42 @@ def test_settings_and_secrets_reach_the_right_containers(overlay):
     assert _env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"] == "http://127.0.0.1:8000"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecar_worst_case_memory_fits_its_limit(overlay):
+    """The budget (sidecar/memory_budget.py) for the settings this overlay deploys: its ConfigMap
+    (PALMYRA_PLATFORM sets the adaptive ceiling), the sidecar's env and flags, and its limit."""
+    from palmyra_serve.sidecar import memory_budget
+
+    objects = render(overlay)
+    sidecar = container(pod_spec(objects), "sidecar")
+    settings = deployed.sidecar_settings(config_data(objects), sidecar)
+    limit = memory_budget.quantity_bytes(str(sidecar["resources"]["limits"]["memory"]))
+    worst = memory_budget.worst_case(settings)
+    assert worst <= limit, f"{overlay}: worst case {worst / 2**20:.0f} MiB > sidecar limit {limit / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_client_keys_are_a_required_secret_file_that_follows_rotation(overlay):
+    """An env var from a Secret is fixed at container start; a Secret volume without subPath is
+    updated in place, and the sidecar re-reads the file (sidecar/auth.py). Not optional: a Secret
+    without api-keys keeps the pod from starting (auth fails closed)."""
+    spec = pod_spec(render(overlay))
+    sidecar = container(spec, "sidecar")
+    env = _env(sidecar)
+    assert "PALMYRA_API_KEYS" not in env, "client keys as an env var: a rotated Secret would need a restart"
+    path = Path(env["PALMYRA_API_KEYS_FILE"]["value"])
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    assert "subPath" not in mount and "subPathExpr" not in mount, "a subPath mount is never updated"
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert secret["secretName"] == "palmyra-serve-secrets" and not secret.get("optional", False)
+    assert {"key": "api-keys", "path": path.name} in secret["items"]
+    others = [c["name"] for c in spec["containers"] + spec.get("initContainers", [])
+              if any(m["name"] == mount["name"] for m in c.get("volumeMounts", [])) and c is not sidecar]
+    assert others == [], f"the client keys are the sidecar's alone, not {others}'"
+
+
 PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")
 
 
@@ -462,15 +500,10 @@ DNS_EGRESS = {(53, "UDP"), (53, "TCP")}
 DOWNLOAD_EGRESS = {(443, "TCP")}
 
 
-def _flag(args: list[str], flag: str) -> str:
-    assert args.count(flag) == 1, f"{flag} in {args}"
-    return args[args.index(flag) + 1]
-
-
 def engine_listener(spec: dict) -> tuple[str, int]:
     """(host, port) the engine's vLLM listens on, from its launcher args."""
     args = container(spec, "engine")["args"]
-    return _flag(args, "--host"), int(_flag(args, "--port"))
+    return flag_value(args, "--host"), int(flag_value(args, "--port"))
 
 
 def sidecar_ports(spec: dict) -> dict[str, int]:
@@ -492,16 +525,9 @@ def _probe_ports(c: dict) -> list[object]:
             if probe for kind in ("httpGet", "tcpSocket", "grpc") if kind in probe]
 
 
-def _loopback(host: str | None) -> bool:
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:  # a name: resolved outside the pod
-        return False
-
-
 def assert_engine_only_inside_the_pod(spec: dict) -> None:
     host, port = engine_listener(spec)
-    assert _loopback(host), f"the engine listens on {host}, not on the pod's loopback"
+    assert loopback(host), f"the engine listens on {host}, not on the pod's loopback"
     engine = container(spec, "engine")
     # A containerPort would advertise a port nothing outside the pod can (or may) connect to.
     assert not engine.get("ports"), f"engine declares ports {engine['ports']}"
@@ -518,7 +544,7 @@ def assert_engine_only_inside_the_pod(spec: dict) -> None:
         assert not any("api-key" in str(a) for a in c.get("args", []) + c.get("command", [])), c["name"]
     # The sidecar reaches the engine over the shared loopback, on the port the engine listens on.
     url = urlparse(_env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"])
-    assert _loopback(url.hostname) and url.port == port, url.geturl()
+    assert loopback(url.hostname) and url.port == port, url.geturl()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

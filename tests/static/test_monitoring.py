@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.markdown import github_slug
 from helpers.modules import load_module
 from helpers.waiting import wait_until
 
@@ -90,11 +91,6 @@ def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("promtool")
     assert exe, "promtool missing: install Debian's `prometheus` package (./test.sh static does)"
     return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def github_slug(heading: str) -> str:
-    """GitHub's heading anchor: lower-case, punctuation dropped, spaces to hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 # ----------------------------------------------------------------------------------- promtool

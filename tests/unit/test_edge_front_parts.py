@@ -6,16 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
-from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError
+from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError, validate_engine_key
 from palmyra_serve.sidecar.front_end import raw_response
 from palmyra_serve.sidecar.metrics import ROUTES
 from palmyra_serve.sidecar.request_cost import CostLimits, as_int, check
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED, ROUTE_LABELS
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import deployed
+
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 
 
@@ -111,12 +111,27 @@ def test_keys_fail_closed(tmp_path):
     for placeholder in ("changeme", "CHANGE-ME", "replace-me", "change-me-engine-key", "<your key>", "short"):
         with pytest.raises(AuthConfigError, match="placeholder"):
             ApiKeys([placeholder])
+        # The engine key is held to the same rule (the sidecar refuses to start with it).
+        with pytest.raises(AuthConfigError, match="engine key"):
+            validate_engine_key(placeholder)
+    validate_engine_key(None)  # no engine key: the engine has none (a local dev engine)
+    validate_engine_key("a-real-engine-key-123")
     empty = tmp_path / "empty"
     empty.write_text("# a comment\n\n")
     with pytest.raises(AuthConfigError, match="holds no key"):
         ApiKeys([], empty)
     with pytest.raises(AuthConfigError, match="cannot read"):
         ApiKeys([], tmp_path / "missing")
+
+
+def test_a_key_file_takes_the_format_k8s_readme_writes(tmp_path):
+    """`kubectl create secret ... --from-literal=api-keys="$(openssl rand -hex 32),..."` puts a
+    comma list in the mounted file: two keys, not one key with a comma in it."""
+    path = tmp_path / "api-keys"
+    path.write_text("first-key-abcdef,second-key-abcdef")  # no newline, as --from-literal writes it
+    keys = ApiKeys([], path)
+    assert keys.check(b"Bearer first-key-abcdef") and keys.check(b"Bearer second-key-abcdef")
+    assert not keys.check(b"Bearer first-key-abcdef,second-key-abcdef")
 
 
 def test_key_file_reloads_at_most_once_a_second(tmp_path):
@@ -146,14 +161,46 @@ def test_protocol_answers_are_complete_http_responses():
 
 
 def test_the_worst_case_memory_fits_the_sidecar_container():
-    manifest = (REPO / "k8s" / "base" / "deployment.yaml").read_text()
-    deployment = next(d for d in yaml.safe_load_all(manifest) if d and d.get("kind") == "Deployment")
+    """The settings k8s/base deploys (its ConfigMap, the sidecar's env and flags) against the
+    sidecar's limit there; tests/static/test_k8s.py checks every overlay the same way."""
+    deployment = deployed.base_deployment()
     limit = memory_budget.container_limit(deployment, "sidecar")
-    settings = Settings(_env_file=None)
+    settings = deployed.sidecar_settings(deployed.base_config(), deployed.containers(deployment)["sidecar"])
+    assert settings.admission_mode == "adaptive" and settings.probe_port, "what the deployment runs"
     worst = memory_budget.worst_case(settings)
     assert worst <= limit, f"worst case {worst / 2**20:.0f} MiB > limit {limit / 2**20:.0f} MiB"
     # The sum is of the enforced limits: raising one of them moves it.
-    bigger = Settings(_env_file=None, max_body_bytes=4 * 2**20)
+    bigger = settings.model_copy(update={"max_body_bytes": 4 * 2**20})
     assert memory_budget.worst_case(bigger) > limit, "the issue's 4 MiB bodies must not fit"
-    assert memory_budget.body_budget(settings) == (settings.max_in_flight + settings.max_queue) * settings.max_body_bytes
     assert memory_budget.quantity_bytes("512Mi") == 512 * 2**20 and memory_budget.quantity_bytes("1G") == 10**9
+
+
+def test_the_budget_counts_the_requests_each_admission_mode_lets_in():
+    fixed = Settings(_env_file=None, admission_mode="fixed", max_in_flight=10, max_queue=5, max_connections=100)
+    assert memory_budget.in_flight(fixed) == 10 and memory_budget.relays(fixed) == 10
+    assert memory_budget.body_budget(fixed) == 15 * fixed.max_body_bytes
+    # Adaptive admits up to its ceiling (vLLM's max-num-seqs unless set), and does not gate the
+    # requests that generate nothing: every connection may be relaying one.
+    cpu = Settings(_env_file=None, platform="cpu", max_in_flight=10, max_connections=100)
+    assert memory_budget.in_flight(cpu) == 128 and memory_budget.relays(cpu) == 100
+    accelerator = Settings(_env_file=None, platform="ascend")
+    assert memory_budget.in_flight(accelerator) == 256
+    assert memory_budget.in_flight(cpu.model_copy(update={"engine_extra_args": "--max-num-seqs 32"})) == 32
+    assert memory_budget.in_flight(cpu.model_copy(update={"admission_max_limit": 7})) == 7
+    assert memory_budget.worst_case(accelerator) > memory_budget.worst_case(cpu)
+
+
+def test_every_per_request_buffer_is_in_the_budget():
+    """Each buffer a relayed request may hold is a term, at the size its module enforces."""
+    from palmyra_serve.sidecar import engine_pool, json_usage, sse
+
+    assert memory_budget.CHUNK_BYTES == engine_pool.HIGH_WATER + engine_pool.READ_BYTES
+    assert memory_budget.RELAY_BYTES >= 3 * memory_budget.CHUNK_BYTES + memory_budget.CLIENT_WRITE_HIGH_WATER
+    assert memory_budget.ERROR_PATH_BYTES <= memory_budget.RELAY_BYTES, "an error body is read instead of a stream"
+    assert memory_budget.ACCOUNTING_BYTES >= sse.MAX_EVENT_BYTES
+    assert memory_budget.ACCOUNTING_BYTES >= json_usage.MAX_USAGE_BYTES + json_usage.MAX_GAP_BYTES
+    settings = Settings(_env_file=None, platform="cpu")
+    rows = {t.what.split(":")[0]: t for t in memory_budget.terms(settings)}
+    assert rows["relay buffers"].count == memory_budget.relays(settings)
+    assert rows["engine connections' kernel receive buffers"].each == engine_pool.RCVBUF_CHARGED
+    assert rows["accounting"].count == memory_budget.in_flight(settings)

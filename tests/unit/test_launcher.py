@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import signal
+import sys
 
-from palmyra_serve.engine.launcher import build_command
+import pytest
+
+from palmyra_serve.engine import launcher
+from palmyra_serve.engine.launcher import EngineCommand, build_command
 from palmyra_serve.settings import Settings
 
 
@@ -72,3 +77,27 @@ def test_a_missing_tmpdir_is_created_not_silently_replaced_by_tmp(tmp_path):
     ensure_tmpdir({"TMPDIR": str(wanted)})
     assert wanted.is_dir()
     ensure_tmpdir({})  # no TMPDIR: nothing to do
+
+
+@pytest.mark.parametrize("given", ["PALMYRA_ENGINE_API_KEY", "VLLM_API_KEY"])
+def test_a_placeholder_engine_key_is_refused_before_anything_starts(tmp_path, monkeypatch, caplog, given):
+    """The compose/*.env files once shipped change-me-engine-key: the engine refuses it (and any
+    key the sidecar's placeholder rule refuses), whether it comes from PALMYRA_ENGINE_API_KEY
+    (the launcher sets VLLM_API_KEY from it) or as VLLM_API_KEY directly (Compose, Kubernetes)."""
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # run() installs forwarders; keep pytest's
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    marker = tmp_path / "started"
+
+    def command(key: str) -> EngineCommand:
+        touch = EngineCommand(argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+        if given == "VLLM_API_KEY":
+            monkeypatch.setenv("VLLM_API_KEY", key)
+        else:
+            touch.env = build_command(Settings(engine_api_key=key), "/m", "cpu").env
+        return touch
+
+    assert launcher.run(command("change-me-engine-key")) == 2
+    assert not marker.exists()
+    assert "refusing to start" in caplog.text and "openssl rand -hex 32" in caplog.text
+    assert "change-me-engine-key" not in caplog.text  # the key itself is never logged
+    assert launcher.run(command("a-real-engine-key-123")) == 0 and marker.exists()

@@ -38,10 +38,11 @@ def test_engine_port_flag_maps_to_engine_port():
 
 def test_api_keys_from_env_list_and_file(monkeypatch, tmp_path):
     f = tmp_path / "keys"
-    f.write_text("# comment\n\nk3\n  k4  \n")
+    # One format for both (k8s/README.md's `kubectl create secret` writes a comma list to the file).
+    f.write_text("# comment, not keys\n\nk3\n  k4  , k5,\n")
     monkeypatch.setenv("PALMYRA_API_KEYS", " k1, ,k2 ")
     monkeypatch.setenv("PALMYRA_API_KEYS_FILE", str(f))
-    assert Settings().all_api_keys() == ["k1", "k2", "k3", "k4"]
+    assert Settings().all_api_keys() == ["k1", "k2", "k3", "k4", "k5"]
 
 
 def test_invalid_setting_is_rejected(monkeypatch):

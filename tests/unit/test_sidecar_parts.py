@@ -11,7 +11,7 @@ from palmyra_serve.sidecar.admission import Admission, Draining, Refused
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.sidecar.proxy import _usage, request_id_from
+from palmyra_serve.sidecar.proxy import request_id_from
 
 
 def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
@@ -118,16 +118,9 @@ def test_a_relay_failure_drops_readiness_until_a_poll_sent_after_it():
     assert h.readiness()[0] and h.readiness()[1]["relay_failure"] is None
 
 
-def test_request_ids_and_usage_parsing():
+def test_request_ids():
     assert request_id_from(b"abc-DEF_1.2:3") == "abc-DEF_1.2:3"
     assert len(request_id_from(b"has space")) == 32 and len(request_id_from(b"x" * 129)) == 32
-    # A non-streamed body's usage, from the pieces it arrived in (SSE usage: tests/unit/test_sse.py).
-    assert _usage([b'{"usage": {"prompt_tokens": 3, ', b'"completion_tokens": 5}}']) == {"prompt_tokens": 3,
-                                                                                          "completion_tokens": 5}
-    assert _usage([b'{"choices": []}']) is None
-    assert _usage([b'{"usage": null}']) is None
-    assert _usage([b'{"usage":{"trunc']) is None
-    assert _usage(None) is None  # too large to have been kept
 
 
 def test_engine_error_bodies_are_made_openai_shaped():

@@ -136,11 +136,26 @@ def test_data_that_is_not_json_is_counted_as_unparsed_not_as_a_token():
     assert (acc.unparsed, acc.token_events) == (2, 1)
 
 
-def test_an_endless_event_stops_the_accounting_not_the_memory():
+def test_an_oversized_event_is_skipped_not_held_and_accounting_resumes_after_it():
     acc = SseAccount()
     acc.feed(b"data: " + b"x" * (MAX_EVENT_BYTES + 1), 1.0)
-    acc.feed(text("a"), 1.1)
-    assert acc.overflow and acc.token_events == 0 and not acc._tail
+    assert acc.skipping and len(acc._tail) <= 1
+    acc.feed(b"x" * MAX_EVENT_BYTES + b"\n", 1.05)  # still the same event, not held either
+    assert acc.skipping and len(acc._tail) <= 1
+    acc.feed(text("a"), 1.1)  # its first blank line ends the oversized event, which it belonged to
+    assert acc.oversized == 1 and acc.token_events == 0 and not acc.skipping
+    acc.feed(text("b") + text("c"), 1.2)
+    assert acc.token_events == 2
+
+
+@pytest.mark.parametrize("ending", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_the_blank_line_after_an_oversized_event_is_found_across_reads(ending):
+    acc = SseAccount()
+    data = b"data: " + b"x" * (MAX_EVENT_BYTES + 1) + ending + text("a") + text("b")
+    for k in range(0, len(data), 7):
+        acc.feed(data[k : k + 7], 1.0)
+    acc.finish()
+    assert (acc.oversized, acc.token_events) == (1, 2)
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=[c["name"] for c in RECORDED])

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from palmyra_serve.settings import Settings
+from palmyra_serve.settings import Settings, engine_key_refusal
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,15 @@ def ensure_tmpdir(env: dict[str, str]) -> None:
 
 
 def run(cmd: EngineCommand) -> int:
-    """Run the engine as a child, forward termination signals, return its exit status."""
-    log.info("starting vLLM (%s): %s", cmd.platform, cmd.redacted())
+    """Run the engine as a child, forward termination signals, return its exit status (2, without
+    starting anything, when the engine key is a placeholder)."""
     env = {**os.environ, **cmd.env}
+    # The key vLLM will read: set from PALMYRA_ENGINE_API_KEY, or given directly (Compose, Kubernetes).
+    refusal = engine_key_refusal(env.get(API_KEY_ENV), API_KEY_ENV)
+    if refusal:
+        log.error("refusing to start: %s", refusal)
+        return 2
+    log.info("starting vLLM (%s): %s", cmd.platform, cmd.redacted())
     ensure_tmpdir(env)
     child = subprocess.Popen(cmd.argv, env=env)
 

@@ -25,7 +25,7 @@ from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission import build_admission, learn_ceiling
-from palmyra_serve.sidecar.auth import ApiKeys
+from palmyra_serve.sidecar.auth import ApiKeys, validate_engine_key
 from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
@@ -54,6 +54,7 @@ class SidecarState:
         metrics.bind_admission(
             lambda: self.admission.limit, lambda: self.admission.ceiling, self.admission.max_queue_wait_s
         )
+        validate_engine_key(settings.engine_api_key)  # AuthConfigError: serve() refuses to start
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
         self.session: aiohttp.ClientSession | None = None
 

@@ -2,7 +2,8 @@
 
 Fails closed: with no usable key and no explicit PALMYRA_AUTH_DISABLED=true the sidecar refuses
 to start (AuthConfigError), and so does a key file that is empty or only comments, or a key that is
-one of the placeholders the example configurations ship. Keys configured alongside
+one of the placeholders the example configurations ship (settings.placeholder_key, the one rule,
+which the engine key at start and the engine launcher use too). Keys configured alongside
 PALMYRA_AUTH_DISABLED=true are still enforced: a contradiction resolves to the safe side.
 
 Keys are hashed once; a presented key is hashed and compared against every stored digest with
@@ -21,76 +22,43 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from palmyra_serve.settings import Settings
+from palmyra_serve.settings import KEY_RECIPE, MIN_KEY_CHARS, Settings, engine_key_refusal, placeholder_key, split_keys
 
 log = logging.getLogger("palmyra.sidecar")
 
 RELOAD_EVERY_S = 1.0
-MIN_KEY_CHARS = 8
-# The values the repository's examples carry (.env, compose/*.env, READMEs) and the usual suspects.
-PLACEHOLDERS = frozenset(
-    {
-        "changeme",
-        "change-me",
-        "change_me",
-        "replace-me",
-        "replace_me",
-        "replaceme",
-        "your-key",
-        "your-api-key",
-        "your_api_key",
-        "api-key",
-        "apikey",
-        "secret",
-        "password",
-        "example",
-        "test",
-        "key",
-        "key1",
-        "key2",
-        "sk-xxx",
-        "xxx",
-        "todo",
-        "none",
-        "null",
-        "unused",
-        "change-me-engine-key",
-        "change-me-client-key",
-    }
-)
 
 
 class AuthConfigError(ValueError):
     """The key configuration would leave the service open or guessable; the message says why."""
 
 
-def _placeholder(key: str) -> bool:
-    low = key.lower()
-    return (
-        low in PLACEHOLDERS or low.startswith(("change-me", "changeme", "replace-me", "<")) or len(key) < MIN_KEY_CHARS
-    )
-
-
 def validate(keys: list[str], source: str) -> list[str]:
-    bad = [k for k in keys if _placeholder(k)]
+    bad = [k for k in keys if placeholder_key(k)]
     if bad:
         raise AuthConfigError(
             f"{source}: {len(bad)} key(s) are placeholders or shorter than {MIN_KEY_CHARS} "
-            f"characters (e.g. 'changeme'); generate real ones (openssl rand -hex 32)"
+            f"characters (e.g. 'changeme'); generate real ones ({KEY_RECIPE})"
         )
     return keys
 
 
+def validate_engine_key(key: str | None) -> None:
+    """The engine key, by the same rule: a placeholder (one the example configurations ship) would
+    leave the engine's /v1 behind a key anyone can read. Unset means the engine has no key."""
+    refusal = engine_key_refusal(key, "PALMYRA_ENGINE_API_KEY")
+    if refusal:
+        raise AuthConfigError(refusal)
+
+
 def read_key_file(path: Path) -> list[str]:
-    """One key per line; blank lines and # comments skipped. Empty or comment-only is an error."""
+    """Keys one per line or comma-separated (settings.split_keys); empty or comment-only is an error."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise AuthConfigError(f"PALMYRA_API_KEYS_FILE {path}: cannot read it ({exc.strerror})") from None
-    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    keys = split_keys(text)
     if not keys:
         raise AuthConfigError(f"PALMYRA_API_KEYS_FILE {path} holds no key (empty or only comments)")
     return validate(keys, f"PALMYRA_API_KEYS_FILE {path}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import ssl
 import time
 from urllib.parse import urlsplit
@@ -31,8 +32,16 @@ import httptools
 from palmyra_serve.sidecar import errors
 
 # Above this much unread body the engine connection stops being read, so a slow client slows the
-# engine's socket instead of growing the sidecar's memory.
-HIGH_WATER = 256 * 1024
+# engine's socket instead of growing the sidecar's memory. One read is at most READ_BYTES (the
+# connection reads into its own buffer of that size), so a connection holds at most
+# HIGH_WATER + READ_BYTES of body: memory_budget.py counts it per request.
+HIGH_WATER = 64 * 1024
+READ_BYTES = 64 * 1024
+# The kernel's receive buffer of an engine connection, fixed instead of autotuned (Linux would
+# grow it to megabytes for a reader that keeps up, and cgroup v2 charges it to this container).
+# Linux doubles the value for its bookkeeping: RCVBUF_CHARGED is what it costs.
+ENGINE_RCVBUF = 64 * 1024
+RCVBUF_CHARGED = 2 * ENGINE_RCVBUF
 # The engine's uvicorn closes idle keep-alive connections after 5 s (vLLM's default); reusing one
 # near that edge races its close, and a request written into that race fails without a retry
 # (see the module doc), so idle connections are retired a full second earlier.
@@ -68,7 +77,7 @@ class _HeadTooLarge(Exception):
     """Raised inside a parser callback; becomes an UpstreamError."""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One TCP connection to the engine and the response currently arriving on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -80,6 +89,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.wait_since = 0.0
         self.silence_timer: asyncio.TimerHandle | None = None
+        self.buffer = memoryview(bytearray(READ_BYTES))
         self.reset()
 
     def reset(self) -> None:
@@ -102,7 +112,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.buffer[:nbytes])  # the parser copies what it keeps (on_body)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
@@ -297,13 +313,17 @@ class EnginePool:
         for name, value in headers:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"\r\n")
-        message = b"".join(head) + body
+        head_bytes = b"".join(head)
         head_only = method == "HEAD"
         conn = self._take() or await self._connect()
         conn.reset()
         # From here on the request may have reached the engine: it is never sent again, even when
         # a reused connection turns out closed with nothing answered (an error the client sees).
-        conn.transport.write(message)  # type: ignore[union-attr]
+        # Two writes, not one joined message: a join would copy the body (up to max_body_bytes)
+        # and hold the copy until the engine answers, the whole generation for a non-streamed one.
+        conn.transport.write(head_bytes)  # type: ignore[union-attr]
+        if body:
+            conn.transport.write(body)  # type: ignore[union-attr]
         try:
             while not conn.head_done:
                 if conn.error is not None:
@@ -327,6 +347,9 @@ class EnginePool:
             raise UpstreamTimeout(f"connecting to the engine took over {self.connect_timeout_s} s") from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to the engine: {exc}") from None
+        sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, ENGINE_RCVBUF)
         return conn
 
     def _take(self) -> _Connection | None:

@@ -176,6 +176,12 @@ def upstream(code: str, retry_after: int) -> ApiError:
     return bad_upstream()
 
 
+# An engine error body is read whole to reshape it (vLLM's are under 1 KiB: its validation
+# handler truncates what it echoes); a larger one is a misbehaving engine (502). Counted per
+# request in memory_budget.py.
+MAX_ERROR_BODY = 64 * 1024
+
+
 def openai_shaped(status: int, body: bytes, reason: str) -> bytes | None:
     """None when an upstream error body is already OpenAI-shaped; else the same error rewrapped."""
     try:

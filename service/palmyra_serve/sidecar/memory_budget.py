@@ -2,8 +2,9 @@
 
 Every term is a product of settings the sidecar enforces, so the sum is a bound, not an estimate
 of typical use. docs/configuration.md shows this table for the defaults (scripts/gen_docs.py), and
-tests/unit/test_edge_front_parts.py checks that it fits the sidecar container's memory limit in
-k8s/base/deployment.yaml.
+tests check that it fits the sidecar container's memory limit for the settings each deployment
+gives it: k8s/base/deployment.yaml (tests/unit/test_edge_front_parts.py), every k8s overlay
+(tests/static/test_k8s.py) and docker-compose.yml (tests/static/test_containers_compose.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.admission import max_num_seqs
+from palmyra_serve.sidecar.engine_pool import HIGH_WATER, RCVBUF_CHARGED, READ_BYTES
+from palmyra_serve.sidecar.errors import MAX_ERROR_BODY
+from palmyra_serve.sidecar.front_end import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
+from palmyra_serve.sidecar.json_usage import MAX_GAP_BYTES, MAX_USAGE_BYTES
+from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -20,17 +27,32 @@ BASE_BYTES = 96 * MIB
 # scope), and per header field the (name, value) tuple and its two bytes objects.
 CONNECTION_OVERHEAD_BYTES = 16 * KIB
 HEADER_FIELD_BYTES = 128
-# Per request in flight: the client transport's write buffer up to its high-water mark (64 KiB,
-# then pause_writing) and one read from the engine (up to 64 KiB).
-IN_FLIGHT_BUFFER_BYTES = 128 * KIB
+# The client transport's write buffer: uvloop pauses the writer above 64 KiB, and uvicorn waits
+# for it to drain before the next write, so it holds at most this plus one chunk.
+CLIENT_WRITE_HIGH_WATER = 64 * KIB
 # The kernel's socket buffers of one client connection, which cgroup v2 charges to the container:
 # the receive buffer at Linux's default size (tcp_rmem[1]; it grows only for a reader that keeps
 # up, and uvicorn stops reading only while a body waits to be consumed), and the unsent queue that
 # front_end.py caps with TCP_NOTSENT_LOWAT.
-SOCKET_BUFFER_BYTES = 128 * KIB + 16 * KIB
-# orjson's objects for the one body being checked at a time (the check is synchronous): a JSON
-# list of small integers expands about 8x (an 8-byte pointer per 1-2 byte element).
+SOCKET_BUFFER_BYTES = 128 * KIB + NOTSENT_LOWAT
+# orjson's objects for the one value being parsed at a time (every parse is synchronous: the cost
+# check, an engine error body being reshaped, one read of SSE events joined to the unfinished
+# one): a JSON list of small integers expands about 8x (an 8-byte pointer per 1-2 byte element).
 PARSE_EXPANSION = 8
+# What the relay holds of one engine read at most: the pool pauses reading above HIGH_WATER, and
+# one read adds at most READ_BYTES.
+CHUNK_BYTES = HIGH_WATER + READ_BYTES
+# Per relayed request: the engine connection's unread body, the chunk being written to the client,
+# and the client's write buffer (high water plus that chunk's unsent copy).
+RELAY_BYTES = CHUNK_BYTES + CHUNK_BYTES + CLIENT_WRITE_HIGH_WATER + CHUNK_BYTES
+# An engine error is read instead of streamed: its unread rest, its pieces, their join and the
+# reshaped answer. Never more than a stream's buffers (tests/unit/test_edge_front_parts.py).
+ERROR_PATH_BYTES = CHUNK_BYTES + 3 * MAX_ERROR_BODY + CLIENT_WRITE_HIGH_WATER
+# Per generation, besides the relay buffers: the SSE account's unfinished event (sse.py skips an
+# event that outgrows it), or a JSON body's usage scanner (a response is one or the other). Their
+# work on a read (joining it to the unfinished event, parsing its events) is synchronous: one at
+# a time, in the parse term.
+ACCOUNTING_BYTES = max(MAX_EVENT_BYTES, MAX_USAGE_BYTES + MAX_GAP_BYTES)
 
 
 @dataclass(frozen=True)
@@ -44,35 +66,65 @@ class Term:
         return self.count * self.each
 
 
+def in_flight(settings: Settings) -> int:
+    """Generations admitted to the engine at once: max_in_flight in fixed mode; in adaptive mode
+    the limit's ceiling (PALMYRA_ADMISSION_MAX_LIMIT, else --max-num-seqs or vLLM's default for the
+    platform), which the limit may reach whatever it starts at."""
+    if settings.admission_mode == "fixed":
+        return settings.max_in_flight
+    return settings.admission_max_limit or max_num_seqs(settings)
+
+
+def relays(settings: Settings) -> int:
+    """Requests relayed to the engine at once. Fixed mode admits every relayed request; adaptive
+    admits generations only (a model list or a tokenization is not gated), so there each open
+    client connection may be relaying one."""
+    if settings.admission_mode == "fixed":
+        return min(settings.max_in_flight, settings.max_connections)
+    return settings.max_connections
+
+
+def connections(settings: Settings) -> int:
+    """Client connections open at once: the cap, plus the probe port's own when it is on."""
+    return settings.max_connections + (PROBE_MAX_CONNECTIONS if settings.probe_port else 0)
+
+
 def body_budget(settings: Settings) -> int:
     """Request bodies held at once, over all connections (enforced by the relay: 503 beyond)."""
-    return (settings.max_in_flight + settings.max_queue) * settings.max_body_bytes
+    return (in_flight(settings) + settings.max_queue) * settings.max_body_bytes
 
 
 def terms(settings: Settings) -> list[Term]:
     head = 2 * settings.max_header_bytes + settings.max_header_count * HEADER_FIELD_BYTES + CONNECTION_OVERHEAD_BYTES
+    parsed = max(settings.max_body_bytes, MAX_ERROR_BODY, CHUNK_BYTES + MAX_EVENT_BYTES)
     return [
         Term("process at rest (Python, uvicorn, FastAPI, metrics)", 1, BASE_BYTES),
         Term(
-            "request bodies: (max_in_flight + max_queue) x max_body_bytes",
-            settings.max_in_flight + settings.max_queue,
+            "request bodies: (in flight + max_queue) x max_body_bytes",
+            in_flight(settings) + settings.max_queue,
             settings.max_body_bytes,
         ),
-        Term("the body being parsed for the cost check", 1, PARSE_EXPANSION * settings.max_body_bytes),
+        Term("the one JSON value being parsed (body, error body or a read of SSE events)", 1, PARSE_EXPANSION * parsed),
         Term(
-            "open connections: max_connections x (2 x max_header_bytes + fields + overhead)",
-            settings.max_connections,
+            "open connections: connections x (2 x max_header_bytes + fields + overhead)",
+            connections(settings),
             head,
         ),
         Term(
-            "kernel socket buffers: max_connections x (receive buffer + unsent queue)",
-            settings.max_connections,
+            "kernel socket buffers: connections x (receive buffer + unsent queue)",
+            connections(settings),
             SOCKET_BUFFER_BYTES,
         ),
         Term(
-            "relay buffers: max_in_flight x (client write buffer + engine read)",
-            settings.max_in_flight,
-            IN_FLIGHT_BUFFER_BYTES,
+            "relay buffers: relays x (engine read buffer + chunk in hand + client write buffer)",
+            relays(settings),
+            RELAY_BYTES,
+        ),
+        Term("engine connections' kernel receive buffers: relays x SO_RCVBUF", relays(settings), RCVBUF_CHARGED),
+        Term(
+            "accounting: in flight x (SSE event being assembled, or usage scanner)",
+            in_flight(settings),
+            ACCOUNTING_BYTES,
         ),
     ]
 

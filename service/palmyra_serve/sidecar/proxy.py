@@ -25,6 +25,7 @@ from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.concurrency_limit import Outcome
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
 from palmyra_serve.sidecar.health import HealthState
+from palmyra_serve.sidecar.json_usage import UsageScanner
 from palmyra_serve.sidecar.memory_budget import body_budget
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.request_cost import CostLimits
@@ -70,9 +71,6 @@ DROP_RESPONSE = frozenset(
     }
 )
 SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
-# An engine error body is read whole to reshape it; a non-streamed generation's to read its usage.
-MAX_ERROR_BODY = 1024 * 1024
-MAX_KEPT_BODY = 8 * 1024 * 1024
 # What /ready's relay_failure says when a stream carried the engine's own error event.
 ENGINE_ERROR_EVENT = "engine_error_event"
 
@@ -320,8 +318,8 @@ class Proxy:
         try:
             while chunk := await resp.read_some():
                 size += len(chunk)
-                if size > MAX_ERROR_BODY:
-                    raise UpstreamError(f"an error body over {MAX_ERROR_BODY} bytes")
+                if size > errors.MAX_ERROR_BODY:
+                    raise UpstreamError(f"an error body over {errors.MAX_ERROR_BODY} bytes")
                 parts.append(chunk)
         except UpstreamError as exc:
             raise self._upstream_failed(exc, record) from None
@@ -356,9 +354,8 @@ class Proxy:
         report = ticket is not None and account is not None
         probe = self.admission.probe_tokens if report else 0
         reported_first = False
-        # Small JSON bodies of generations: kept to read the usage at the end.
-        kept: list[bytes] | None = [] if counted and not sse and ctype.startswith("application/json") else None
-        kept_size = 0
+        # JSON bodies of generations: watched for their usage report, never kept.
+        usage = UsageScanner() if counted and not sse and ctype.startswith("application/json") else None
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         first = 0.0
         try:
@@ -378,12 +375,8 @@ class Proxy:
                             self.admission.inter_token(
                                 ticket, (account.last_token - account.first_token) / (tokens - 1)
                             )
-                elif kept is not None:
-                    kept_size += len(chunk)
-                    if kept_size <= MAX_KEPT_BODY:
-                        kept.append(chunk)
-                    else:
-                        kept = None  # too large to parse for its usage: relayed, not counted
+                elif usage is not None:
+                    usage.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as exc:
             failure = self._upstream_failed(exc, record)
@@ -398,7 +391,7 @@ class Proxy:
             record["truncated"] = True
             return resp.status
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self._account(route, resp.status, first, t0, account, kept, record)
+        self._account(route, resp.status, first, t0, account, usage, record)
         return resp.status
 
     def _account(
@@ -408,7 +401,7 @@ class Proxy:
         first: float,
         t0: float,
         account: SseAccount | None,
-        kept: list[bytes] | None,
+        scanner: UsageScanner | None,
         record: dict,
     ) -> None:
         if first:
@@ -436,7 +429,7 @@ class Proxy:
                 record["itl_ms"] = round(per_token * 1000, 3)  # admission's sample too
         else:
             self.state.record_generation(True)
-            usage = _usage(kept)
+            usage = scanner.usage() if scanner is not None else None
             reported = usage.get("completion_tokens") if usage else None
             completion = reported if isinstance(reported, int) else 0
             prompt = usage.get("prompt_tokens") if usage else None
@@ -459,17 +452,6 @@ def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes
     headers = [(k, v) for k, v in raw if k.lower() not in drop]
     headers.append((b"x-request-id", rid.encode()))
     return headers
-
-
-def _usage(kept: list[bytes] | None) -> dict | None:
-    """The engine's usage report in a JSON body, when it sent one."""
-    if not kept:
-        return None
-    try:
-        usage = orjson.loads(b"".join(kept)).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return usage if isinstance(usage, dict) else None
 
 
 def _closing_connection(send: Any) -> Any:

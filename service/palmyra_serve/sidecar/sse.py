@@ -23,9 +23,11 @@ from typing import Any
 
 import orjson
 
-# One event this large means the stream is not what this module can account for; accounting
-# stops (the relay goes on) instead of holding more of the engine's bytes.
-MAX_EVENT_BYTES = 1024 * 1024
+# An event larger than this is not held: it is skipped up to its blank line (counted in
+# `oversized`, the relay goes on) and accounting resumes with the next event. vLLM's token events
+# are under 4 KiB even with 20 top logprobs; a stream's first event with prompt_logprobs can be
+# larger, and is the one skipped. Held per stream: memory_budget.py counts it.
+MAX_EVENT_BYTES = 64 * 1024
 DONE = b"[DONE]"
 
 
@@ -37,8 +39,9 @@ class SseAccount:
         "events",
         "first_token",
         "last_token",
-        "overflow",
+        "oversized",
         "per_choice",
+        "skipping",
         "token_events",
         "unparsed",
         "usage",
@@ -55,14 +58,18 @@ class SseAccount:
         self.first_token = 0.0
         self.last_token = 0.0
         self.unparsed = 0  # data that was not JSON (counted, not guessed at)
-        self.overflow = False
+        self.oversized = 0  # events over MAX_EVENT_BYTES, skipped
+        self.skipping = False  # inside such an event: its bytes are dropped until its blank line
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Account for one read of the stream, `now` being when it arrived."""
-        if self.overflow:
-            return
         if self._tail:
             chunk = self._tail + chunk
+        if self.skipping:
+            rest = self._skip(chunk)
+            if rest is None:
+                return
+            chunk = rest
         if b"\r" in chunk:
             # CR and CRLF line ends are legal SSE; vLLM writes LF. Normalised on this copy only,
             # holding back a final CR whose LF may come with the next read.
@@ -74,6 +81,20 @@ class SseAccount:
             return
         self._scan(chunk, now)
 
+    def _skip(self, data: bytes) -> bytes | None:
+        """The bytes after an oversized event's blank line; None while it goes on (only its last
+        byte or two are kept, in case they are the start of that blank line)."""
+        held = data.endswith(b"\r")
+        if b"\r" in data:
+            data = (data[:-1] if held else data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = data.find(b"\n\n")
+        if end < 0:
+            self._tail = (b"\n" if data.endswith(b"\n") else b"") + (b"\r" if held else b"")
+            return None
+        self.skipping = False
+        self._tail = b""
+        return data[end + 2 :] + (b"\r" if held else b"")
+
     def _scan(self, data: bytes, now: float) -> None:
         if data.endswith(b"\n\n"):  # the usual read: whole events
             self._tail = b""
@@ -82,13 +103,13 @@ class SseAccount:
                 return
         else:
             end = data.rfind(b"\n\n")
+            self._tail = data[end + 2 :] if end >= 0 else data
+            if len(self._tail) > MAX_EVENT_BYTES:  # the unfinished event is never held beyond this
+                self.oversized += 1
+                self.skipping = True
+                self._tail = b"\n" if data.endswith(b"\n") else b""  # half of its blank line
             if end < 0:
-                self._tail = data
-                if len(data) > MAX_EVENT_BYTES:
-                    self.overflow = True
-                    self._tail = b""
                 return
-            self._tail = data[end + 2 :]
             if end == 0:
                 return
             complete = data[:end]
@@ -208,7 +229,7 @@ class SseAccount:
         """The stream ended: an event the engine did not close with a blank line still counts."""
         tail = self._tail.rstrip(b"\r\n")
         self._tail = b""
-        if tail and not self.overflow:
+        if tail and not self.skipping:
             self._event(tail, self.last_token or 0.0)
 
     def completion_tokens(self) -> int:
