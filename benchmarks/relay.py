@@ -157,7 +157,10 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_round
     try:
         procs.wait_for(f"http://127.0.0.1:{engine_port}/health", engine, log_dir / "fast.log", 20)
         procs.wait_for(f"http://127.0.0.1:{nginx_port}/health", nginx, log_dir / "nginx.log", 20)
-        env = {"PALMYRA_API_KEYS": API_KEY, "PALMYRA_MAX_IN_FLIGHT": "256", "PALMYRA_MAX_QUEUE": "256",
+        # Fixed admission at 256: this workload measures the relay, not the adaptive limit (which
+        # would size itself to a fake engine that reports no capacity).
+        env = {"PALMYRA_API_KEYS": API_KEY, "PALMYRA_ADMISSION_MODE": "fixed",
+               "PALMYRA_MAX_IN_FLIGHT": "256", "PALMYRA_MAX_QUEUE": "256",
                "PALMYRA_LOG_LEVEL": "info", "PALMYRA_CANARY_INTERVAL_S": "3600"}
         with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
             import psutil
