@@ -72,9 +72,10 @@ from podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, w
 OVERLAY = REPO / "k8s" / "overlays" / "cpu"
 DEPLOYMENT = "palmyra-serve"
 SECRET = "palmyra-serve-secrets"
-# podman 4.3 reads a secretKeyRef's podman secret as a flat JSON map of base64 values, but a secret
-# volume's as a whole Secret object: the pod's one Secret becomes two podman secrets.
-SECRET_FILES = "palmyra-serve-secret-files"
+# podman 4.3.1's kube play panics on a secret volume (nil pointer in kube.VolumeFromSecret, seen
+# here): the client-key volume is played as a host directory holding the same file, written by the
+# fixture. The Secret volume itself is checked by the static tier only.
+SECRET_FILES_DIR = "secret-files"
 ENGINE_KEY = "kube-play-test-engine-key"
 VOLUME_PREFIX = "palmyra-kp-"
 PORTS = (8000, 8080, 8081)  # fixed by the manifest; host networking puts them on this machine
@@ -149,8 +150,10 @@ def patch_for_podman(kept: list[dict], model_root: Path, version: tuple[int, ...
             volume["hostPath"] = {"path": str(model_root), "type": "Directory"}
             notes.append(f"volume model: emptyDir -> hostPath {model_root} (tiny stand-in in palmyra-mini/)")
         if volume.get("secret", {}).get("secretName") == SECRET:
-            volume["secret"]["secretName"] = SECRET_FILES
-            notes.append(f"volume {volume['name']}: secret {SECRET} -> {SECRET_FILES} (the same keys as a Secret object)")
+            files = model_root.parent / SECRET_FILES_DIR
+            volume.pop("secret")
+            volume["hostPath"] = {"path": str(files), "type": "Directory"}
+            notes.append(f"volume {volume['name']}: secret {SECRET} -> hostPath {files} (podman 4.3 panics on secret volumes)")
         volume["name"] = VOLUME_PREFIX + volume["name"]
     named_ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", []) if "name" in p}
     for ctr in pod.get("initContainers", []) + pod["containers"]:
@@ -222,7 +225,6 @@ def teardown(kp: KubePod) -> None:
     for volume in our_volumes():
         podman("volume", "rm", "-f", volume, check=False)
     podman("secret", "rm", SECRET, check=False)
-    podman("secret", "rm", SECRET_FILES, check=False)
 
 
 def make_shm_volume(objs: list[dict]) -> None:
@@ -244,16 +246,18 @@ def create_secret(workdir: Path) -> None:
     # podman 4.3 reads a secretKeyRef's secret as a JSON map of base64 values.
     path = workdir / "secret.json"
     # api-keys is required: the sidecar fails closed without a client key (it reads it from the
-    # secret volume; the engine key comes by secretKeyRef).
+    # mounted volume's file; the engine key comes by secretKeyRef).
     data = {"engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode(),
             "api-keys": base64.b64encode(CLIENT_KEY.encode()).decode()}
-    for name, content in ((SECRET, data),
-                          (SECRET_FILES, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET},
-                                          "data": data})):
-        path.write_text(json.dumps(content))
-        path.chmod(0o600)
-        podman("secret", "create", name, str(path))
-        path.unlink()
+    path.write_text(json.dumps(data))
+    path.chmod(0o600)
+    podman("secret", "create", SECRET, str(path))
+    path.unlink()
+    # The Secret volume's one item, as the kubelet would project it (see SECRET_FILES_DIR).
+    files = workdir / SECRET_FILES_DIR
+    files.mkdir(mode=0o755)
+    (files / "api-keys").write_text(CLIENT_KEY)
+    (files / "api-keys").chmod(0o644)
 
 
 @pytest.fixture(scope="module")
@@ -508,4 +512,4 @@ def test_kube_down_leaves_nothing(kube_pod: KubePod) -> None:
     assert podman("ps", "-a", "--filter", f"name={DEPLOYMENT}-pod", "--format", "{{.Names}}").stdout.split() == []
     assert our_volumes() == []
     left = podman("secret", "ls", "--format", "{{.Name}}").stdout.split()
-    assert SECRET not in left and SECRET_FILES not in left
+    assert SECRET not in left
