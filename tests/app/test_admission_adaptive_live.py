@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import threading
 import time
 
 import httpx
 
 from helpers.api import assert_openai_error, completion
+from helpers.load import ClosedLoop
 from helpers.waiting import wait_until
 
 
@@ -32,36 +32,6 @@ def set_latency(client: httpx.Client, engine_url: str, first_s: float, token_s: 
     client.post(f"{engine_url}/fake/control", json={"first_delay_s": first_s, "token_delay_s": token_s})
 
 
-class ClosedLoop:
-    """`n` clients, each sending streamed completions back to back until stopped (429s included)."""
-
-    def __init__(self, url: str, n: int, max_tokens: int) -> None:
-        self.url, self.n, self.max_tokens = url, n, max_tokens
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as c:
-            while not self.stop.is_set():
-                body = completion("load", max_tokens=self.max_tokens, stream=True)
-                with c.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
-                    resp.read()
-                    self.statuses.append(resp.status_code)
-                if resp.status_code == 429:
-                    self.stop.wait(0.05)  # a client that honours a refusal a little
-
-    def __enter__(self) -> ClosedLoop:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=30)
-
-
 def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engine, sidecar_factory, client):
     env = {"PALMYRA_ADMISSION_MAX_LIMIT": "16", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
            "PALMYRA_ADMISSION_WINDOW_S": "0.2"}
@@ -69,7 +39,7 @@ def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engin
         set_latency(client, engine.url, 0.0, 0.01)  # fast: 10 tokens in 0.1 s
         limit = lambda: sample(client, sc.url, "palmyra_concurrency_limit")  # noqa: E731
         assert limit() == 2 and sample(client, sc.url, "palmyra_concurrency_ceiling") == 16
-        with ClosedLoop(sc.url, 12, 10) as load:
+        with ClosedLoop(sc.url, 12, completion("load", max_tokens=10, stream=True), pause_after_429_s=0.05) as load:
             wait_until(lambda: limit() >= 8, 30, "the limit grows while latency is low and demand exceeds it")
             grown = limit()
             # The engine slows down: first tokens after 1.5 s, past the engine's TTFT target

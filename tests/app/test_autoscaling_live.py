@@ -17,15 +17,14 @@ import math
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
 
 import httpx
 import pytest
 import yaml
 from helpers import procs
+from helpers.load import ClosedLoop
 from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,33 +75,8 @@ def hpa_replicas(value: float, target: float, current: int, lo: int, hi: int) ->
     return keda_replicas(value, target, lo, hi)
 
 
-class ClosedLoop:
-    """N clients, each sending the next streamed request as soon as the previous one ended."""
-
-    def __init__(self, url: str, clients: int) -> None:
-        self.url, self.clients = url, clients
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-
-    def _run(self) -> None:
-        body = {"model": "palmyra-mini", "prompt": "fake:slow", "max_tokens": 4, "stream": True}
-        with httpx.Client(base_url=self.url, timeout=60) as client:
-            while not self.stop.is_set():
-                with client.stream("POST", "/v1/completions", json=body) as r:
-                    for _ in r.iter_bytes():
-                        pass
-                    self.statuses.append(r.status_code)
-
-    def __enter__(self) -> Self:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=30)
+# A streamed request the fake engine answers slowly: each client holds one slot for its duration.
+SLOW = {"model": "palmyra-mini", "prompt": "fake:slow", "max_tokens": 4, "stream": True}
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +143,7 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
     measure("idle", lo)
     assert measured["idle"][1] == lo
 
-    with ClosedLoop(sidecar.url, LIMIT) as one_x:
+    with ClosedLoop(sidecar.url, LIMIT, SLOW, timeout_s=60) as one_x:
         # 1x: the replica was full for the whole window (a scrape may catch one slot between requests).
         wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}"),
                    90, "a full window at 1x load")
@@ -178,7 +152,7 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
     assert set(one_x.statuses) == {200}, set(one_x.statuses)
     assert measured["1x"][1] == 1 and measured["1x"][2] == 1  # holds: one replica full is what it should have
 
-    with ClosedLoop(sidecar.url, 2 * LIMIT) as two_x:
+    with ClosedLoop(sidecar.url, 2 * LIMIT, SLOW, timeout_s=60) as two_x:
         # 2x: the window saw the replica full and the queue holding the other half.
         wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}")
                    and window_saw(prom, f"min_over_time(palmyra_queued_requests{sel}[30s]) >= bool {LIMIT - 2}"),
