@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from palmyra_serve.sidecar import sse
 from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES, SseAccount
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm-sse.json").read_text())["cases"]
@@ -181,3 +182,57 @@ def test_an_engine_error_event_marks_the_stream_failed_but_a_client_error_does_n
     client_error = event({"error": {"message": "bad logprobs", "type": "BadRequestError", "code": 400}})
     acc = account([text("a"), client_error, DONE])
     assert not acc.error and acc.token_events == 1
+
+
+# The strict decode of plain token events (sse.py's fast path) must account for every read exactly
+# as the general parse does. Each stream below is fed as one read, and again with the fast path
+# switched off; both accounts must agree on everything, including the error flag and token times.
+STRICT_CASES = {
+    "plain text events": text("a") + text("b"),
+    "plain chat deltas": delta({"content": "a"}) + delta({"content": "b", "reasoning_content": None}),
+    "usage null is plain": event({"choices": [{"index": 0, "text": "a"}], "usage": None}),
+    "usage reported": event({"choices": [{"index": 0, "text": "a"}], "usage": {"completion_tokens": 7}}),
+    "error null": event({"choices": [{"index": 0, "text": "a"}], "error": None}),
+    "error object": text("a") + event({"choices": [{"index": 0, "text": "b"}], "error": {"code": 500}}),
+    "empty text": text("a") + text(""),
+    "text not a string": event({"choices": [{"index": 0, "text": 5}]}),
+    "choice 1": text("a", 1) + text("b", 1),
+    "index as float": event({"choices": [{"index": 0.0, "text": "a"}]}),
+    "index absent": event({"choices": [{"text": "a"}]}),
+    "two choices in one event": event({"choices": [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}]}),
+    "no choices": event({"choices": []}),
+    "role-only delta": delta({"role": "assistant", "content": ""}) + delta({"content": "a"}),
+    "escaped text": text('a "quoted" \\ line\nbreak \u00e9 \U0001f600'),
+    "top-level array": event("[1]") + text("a"),
+    "duplicate choices key": b'data: {"choices":[{"index":0,"text":"a"}],"choices":[]}\n\n',
+    "two values in one event": b'data: {"choices":[{"index":0,"text":"a"}]},{"choices":[]}\n\n' + text("b"),
+    "done after tokens": text("a") + text("b") + DONE,
+}
+
+
+@pytest.mark.parametrize("stream", STRICT_CASES.values(), ids=STRICT_CASES.keys())
+def test_the_strict_token_event_decode_accounts_exactly_as_the_general_parse(stream, monkeypatch):
+    fast = SseAccount()
+    fast.feed(stream, 2.0)
+    fast.finish()
+    monkeypatch.setattr(sse, "_PLAIN_TOKEN_EVENTS", ())
+    general = SseAccount()
+    general.feed(stream, 2.0)
+    general.finish()
+    assert totals(fast) + (fast.error, fast.first_token, fast.last_token) == totals(general) + (
+        general.error, general.first_token, general.last_token)
+
+
+def test_plain_token_reads_take_the_strict_decode(monkeypatch):
+    """The fast path is taken where it should be (else the cases above would compare the general
+    parse with itself)."""
+    calls = []
+    real = sse.SseAccount._plain_tokens
+
+    def spy(self, array, events, now):
+        calls.append(real(self, array, events, now))
+        return calls[-1]
+
+    monkeypatch.setattr(sse.SseAccount, "_plain_tokens", spy)
+    account([text("a") + text("b"), delta({"content": "c"}), text(""), DONE])
+    assert calls == [True, True, False]

@@ -275,6 +275,12 @@ class EngineResponse:
             await conn.wait(self._pool.read_timeout_s)
         return conn.take_body()
 
+    @property
+    def finished(self) -> bool:
+        """The whole body arrived and was read: what read_some returned last was its end."""
+        conn = self._conn
+        return conn.complete and not conn.body
+
     async def read(self) -> bytes:
         parts = []
         while chunk := await self.read_some():
@@ -319,11 +325,13 @@ class EnginePool:
         conn.reset()
         # From here on the request may have reached the engine: it is never sent again, even when
         # a reused connection turns out closed with nothing answered (an error the client sees).
-        # Two writes, not one joined message: a join would copy the body (up to max_body_bytes)
-        # and hold the copy until the engine answers, the whole generation for a non-streamed one.
-        conn.transport.write(head_bytes)  # type: ignore[union-attr]
+        # Head and body in one gathered write (uvloop sends the list with one writev), not one
+        # joined message: a join would copy the body (up to max_body_bytes) and hold the copy
+        # until the engine answers, the whole generation for a non-streamed one.
         if body:
-            conn.transport.write(body)  # type: ignore[union-attr]
+            conn.transport.writelines((head_bytes, body))  # type: ignore[union-attr]
+        else:
+            conn.transport.write(head_bytes)  # type: ignore[union-attr]
         try:
             while not conn.head_done:
                 if conn.error is not None:

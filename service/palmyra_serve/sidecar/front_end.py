@@ -13,6 +13,8 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
   before any parsing. Connections to the probe port (settings.probe_port, which serves only the
   probes: app.py) are not counted there but against their own PROBE_MAX_CONNECTIONS, so clients
   holding every client connection cannot fail the kubelet's probes (and get the pod restarted).
+- A client that goes away: the relay hears it from connection_lost (DisconnectHook), not from a
+  task per request parked in receive().
 - A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
   the transport calls pause_writing() soon after its client stops reading; if resume_writing()
   does not follow within write_timeout_s, the transport is aborted. uvicorn then reports the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -46,6 +49,23 @@ LINGER_S = 2.0
 PROBE_MAX_CONNECTIONS = 16
 NOTSENT_LOWAT = 16 * 1024
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
+
+
+# The scope key under which every request finds its connection's DisconnectHook.
+DISCONNECT_HOOK = "palmyra.disconnect_hook"
+
+
+class DisconnectHook:
+    """How the relay learns at once that its client went away. uvicorn tells an app only through
+    receive(), so hearing it while relaying took a task per request parked in receive(); instead
+    the connection calls `on_disconnect` from connection_lost. One per connection: uvicorn runs a
+    connection's (pipelined) requests one after the other, so one relay at most has it set."""
+
+    __slots__ = ("lost", "on_disconnect")
+
+    def __init__(self) -> None:
+        self.lost = False  # the connection is gone (also before any relay registered)
+        self.on_disconnect: Callable[[], None] | None = None
 
 
 def raw_response(exc: errors.ApiError) -> bytes:
@@ -95,6 +115,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._probe = False
+        self._disconnect_hook = DisconnectHook()
 
     # --- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -135,6 +156,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._probe = False
             type(self).probe_connections -= 1
         super().connection_lost(exc)
+        hook = self._disconnect_hook
+        hook.lost = True
+        if hook.on_disconnect is not None:
+            hook.on_disconnect()
 
     # --- input -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -202,6 +227,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
         if self._refusal is not None:
             return  # no request is started; _feed answers once the parser returns
+        self.scope[DISCONNECT_HOOK] = self._disconnect_hook  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

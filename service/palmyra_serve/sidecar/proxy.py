@@ -24,6 +24,7 @@ from palmyra_serve.sidecar.admission import AdmissionControl, Draining, Refused,
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.concurrency_limit import Outcome
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
+from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.json_usage import UsageScanner
 from palmyra_serve.sidecar.memory_budget import body_budget
@@ -161,7 +162,7 @@ class Proxy:
             ticket = await self._admit(record) if entry.generates or self.gate_all else None
             relayed: int | None = None
             try:
-                status = relayed = await self._relay(scope, receive, send, route, body, fwd, rid, record, t0, ticket)
+                status = relayed = await self._relay(scope, send, route, body, fwd, rid, record, t0, ticket)
             finally:
                 if ticket is not None:
                     itl_ms = record.get("itl_ms")
@@ -251,7 +252,6 @@ class Proxy:
     async def _relay(
         self,
         scope: dict,
-        receive: Any,
         send: Any,
         route: str,
         body: bytes,
@@ -268,12 +268,15 @@ class Proxy:
         target = RELAYED[scope["path"]].target  # the allow-list's canonical path, never the client's raw one
         if qs := scope.get("query_string"):
             target += b"?" + qs
-        # Watch for the client going away from before the engine is asked: a non-streamed generation
+        # Hear of the client going away from before the engine is asked: a non-streamed generation
         # sends nothing until it is done, and a gone client must abort it as much as a stream.
         task = asyncio.current_task()
         assert task is not None
-        gone = _Gone()
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, gone))
+        hook: DisconnectHook = scope[DISCONNECT_HOOK]
+        if hook.lost:
+            raise ClientGone
+        gone = _Gone(task)
+        hook.on_disconnect = gone.cancel_relay
         try:
             resp = await self._open(scope["method"], target, fwd, body, record)
             try:
@@ -288,7 +291,7 @@ class Proxy:
                 raise ClientGone from None
             raise
         finally:
-            watcher.cancel()
+            hook.on_disconnect = None
 
     def _upstream_failed(self, exc: UpstreamError, record: dict) -> errors.ApiError:
         """Count, log and map a failure talking to the engine; tell readiness unless it was only slow."""
@@ -377,7 +380,12 @@ class Proxy:
                             )
                 elif usage is not None:
                     usage.feed(chunk)
+                if resp.finished:  # the engine's last bytes: the response's end goes in the same write
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamError as exc:
             failure = self._upstream_failed(exc, record)
             if sse:
@@ -390,7 +398,6 @@ class Proxy:
             # got; the access log says it was cut.
             record["truncated"] = True
             return resp.status
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._account(route, resp.status, first, t0, account, usage, record)
         return resp.status
 
@@ -468,21 +475,19 @@ def _closing_connection(send: Any) -> Any:
 
 
 class _Gone:
-    __slots__ = ("flag",)
+    """The relay's task and whether this module cancelled it because its client went away."""
 
-    def __init__(self) -> None:
+    __slots__ = ("flag", "task")
+
+    def __init__(self, task: asyncio.Task) -> None:
         self.flag = False
+        self.task = task
 
-
-async def _watch_disconnect(receive: Any, relay: asyncio.Task, gone: _Gone) -> None:
-    """Cancel the relay as soon as the client goes away: unwinding closes the engine connection,
-    which makes the engine abort the generation."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone.flag = True
-            relay.cancel()
-            return
+    def cancel_relay(self) -> None:
+        """Unwinding the relay closes the engine connection, which makes the engine abort the
+        generation."""
+        self.flag = True
+        self.task.cancel()
 
 
 def _has_body(scope: dict, clen: bytes | None) -> bool:

@@ -13,14 +13,20 @@ generated text (completions' `text`, chat's `delta.content`, reasoning or tool c
 token event for its `index`, so `n>1` streams count each choice. Chat's opening role-only delta
 and the final empty delta that carries `finish_reason` carry no text and do not count.
 
-Cost: one bytes search per read for the last event boundary and one orjson parse per event
-(measured in tests/unit/test_sse.py's benchmark and reported in docs/reliability.md).
+Cost: one bytes search per read for the last event boundary, then one parse of the read's events.
+Nearly every event of a stream is a plain token event (one choice, index 0, non-empty text, no
+usage, no error); a read made only of those is decoded by msgspec against exactly that shape, which
+builds no object for the fields accounting ignores and leaves no Python loop to run: when the
+decode succeeds, each event is proven to be a token event of choice 0. Any other read (the first
+and last events, usage, errors, n>1, logprobs) fails that decode and is parsed in full by orjson.
+Measured by benchmarks/sse_accounting.py and reported in docs/reliability.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import orjson
 
 # An event larger than this is not held: it is skipped up to its blank line (counted in
@@ -30,9 +36,48 @@ import orjson
 MAX_EVENT_BYTES = 64 * 1024
 DONE = b"[DONE]"
 
+# The plain token event, strictly: what a successful decode proves is exactly what the general
+# path (_payloads) would count as one token event of choice 0. `error` typed as UNSET refuses the
+# key whatever its value; `usage` may only be null or absent; `choices` holds exactly one choice.
+_Text = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _TextChoice(msgspec.Struct, gc=False):
+    text: _Text
+    index: Literal[0] = 0
+
+
+class _Delta(msgspec.Struct, gc=False):
+    content: _Text
+
+
+class _DeltaChoice(msgspec.Struct, gc=False):
+    delta: _Delta
+    index: Literal[0] = 0
+
+
+class _TextEvent(msgspec.Struct, gc=False):
+    choices: tuple[_TextChoice]
+    usage: None = None
+    error: msgspec.UnsetType = msgspec.UNSET
+
+
+class _DeltaEvent(msgspec.Struct, gc=False):
+    choices: tuple[_DeltaChoice]
+    usage: None = None
+    error: msgspec.UnsetType = msgspec.UNSET
+
+
+# Completions first, chat second; an account remembers which one its stream speaks.
+_PLAIN_TOKEN_EVENTS: tuple[msgspec.json.Decoder[Any], ...] = (
+    msgspec.json.Decoder(list[_TextEvent]),
+    msgspec.json.Decoder(list[_DeltaEvent]),
+)
+
 
 class SseAccount:
     __slots__ = (
+        "_plain",
         "_tail",
         "done",
         "error",
@@ -49,6 +94,7 @@ class SseAccount:
 
     def __init__(self) -> None:
         self._tail = b""
+        self._plain = _PLAIN_TOKEN_EVENTS  # the strict decoders, the one that last succeeded first
         self.events = 0  # data-bearing events, [DONE] included
         self.token_events = 0  # choice deltas that carried generated text, all choices together
         self.per_choice: dict[int, int] = {}
@@ -128,10 +174,14 @@ class SseAccount:
                 events -= 1
             if events:
                 body = complete[6:-2] if done else complete[6:]
+                array = b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
+                if self._plain_tokens(array, events, now):
+                    if done:
+                        self.events += 1
+                        self.done = True
+                    return
                 try:
-                    payloads = orjson.loads(
-                        b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
-                    )
+                    payloads = orjson.loads(array)
                 except orjson.JSONDecodeError:
                     payloads = None  # one of them is not JSON: find which, event by event
                 if payloads is not None and len(payloads) == events:
@@ -148,6 +198,27 @@ class SseAccount:
         for block in complete.split(b"\n\n"):
             if block:
                 self._event(block, now)
+
+    def _plain_tokens(self, array: bytes, events: int, now: float) -> bool:
+        """Account for a read of plain token events of choice 0 in one strict decode; False (and
+        nothing counted) when any event is anything else."""
+        for decoder in self._plain:
+            try:
+                decoded = decoder.decode(array)
+            except msgspec.DecodeError:  # ValidationError included: not that shape
+                continue
+            if len(decoded) != events:
+                return False  # an event held more than one JSON value: the general path says which
+            if decoder is not self._plain[0]:
+                self._plain = self._plain[::-1]
+            self.events += events
+            self.token_events += events
+            self.per_choice[0] = self.per_choice.get(0, 0) + events
+            if not self.first_token:
+                self.first_token = now
+            self.last_token = now
+            return True
+        return False
 
     def _event(self, block: bytes, now: float) -> None:
         data: bytes | None
