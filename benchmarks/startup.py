@@ -250,9 +250,9 @@ def summary(entry: dict) -> dict:
     warm = [r["ready_s"] for r in entry["runs"] if r["mode"] == "warm"]
     share = statistics.median(warm) / statistics.median(cold)
     return {
-        "cold_median_s": statistics.median(cold),
+        "cold_median_s": round(statistics.median(cold), 2),
         "cold_max_s": max(cold),
-        "warm_median_s": statistics.median(warm),
+        "warm_median_s": round(statistics.median(warm), 2),
         "warm_max_s": max(warm),
         "warm_share_of_cold": round(share, 3),
         "target_met": share <= TARGET_WARM_SHARE,
@@ -292,8 +292,9 @@ def report(data: dict) -> str:
     for entry in data["sizes"].values():
         s = entry["summary"]
         lines.append(
-            f"| {entry['size']} ({entry['parameters']:,} parameters) | {s['cold_median_s']} ({s['cold_max_s']}) "
-            f"| {s['warm_median_s']} ({s['warm_max_s']}) | {s['warm_share_of_cold']:.0%} "
+            f"| {entry['size']} ({entry['parameters']:,} parameters) "
+            f"| {round(s['cold_median_s'], 2)} ({s['cold_max_s']}) "
+            f"| {round(s['warm_median_s'], 2)} ({s['warm_max_s']}) | {s['warm_share_of_cold']:.0%} "
             f"| {'met' if s['target_met'] else 'NOT met'} |"
         )
     runs = [r for e in data["sizes"].values() for r in e["runs"]]
