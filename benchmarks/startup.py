@@ -250,9 +250,9 @@ def summary(entry: dict) -> dict:
     warm = [r["ready_s"] for r in entry["runs"] if r["mode"] == "warm"]
     share = statistics.median(warm) / statistics.median(cold)
     return {
-        "cold_median_s": round(statistics.median(cold), 2),
+        "cold_median_s": statistics.median(cold),
         "cold_max_s": max(cold),
-        "warm_median_s": round(statistics.median(warm), 2),
+        "warm_median_s": statistics.median(warm),
         "warm_max_s": max(warm),
         "warm_share_of_cold": round(share, 3),
         "target_met": share <= TARGET_WARM_SHARE,

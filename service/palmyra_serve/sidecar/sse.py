@@ -24,7 +24,7 @@ Measured by benchmarks/sse_accounting.py and reported in docs/reliability.md.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 import orjson
@@ -40,6 +40,7 @@ DONE = b"[DONE]"
 # path (_payloads) would count as one token event of choice 0. `error` typed as UNSET refuses the
 # key whatever its value; `usage` may only be null or absent; `choices` holds exactly one choice.
 _Text = Annotated[str, msgspec.Meta(min_length=1)]
+_Choice = TypeVar("_Choice")
 
 
 class _TextChoice(msgspec.Struct, gc=False):
@@ -56,22 +57,16 @@ class _DeltaChoice(msgspec.Struct, gc=False):
     index: Literal[0] = 0
 
 
-class _TextEvent(msgspec.Struct, gc=False):
-    choices: tuple[_TextChoice]
-    usage: None = None
-    error: msgspec.UnsetType = msgspec.UNSET
-
-
-class _DeltaEvent(msgspec.Struct, gc=False):
-    choices: tuple[_DeltaChoice]
+class _Event(msgspec.Struct, Generic[_Choice], gc=False):
+    choices: tuple[_Choice]
     usage: None = None
     error: msgspec.UnsetType = msgspec.UNSET
 
 
 # Completions first, chat second; an account remembers which one its stream speaks.
 _PLAIN_TOKEN_EVENTS: tuple[msgspec.json.Decoder[Any], ...] = (
-    msgspec.json.Decoder(list[_TextEvent]),
-    msgspec.json.Decoder(list[_DeltaEvent]),
+    msgspec.json.Decoder(list[_Event[_TextChoice]]),
+    msgspec.json.Decoder(list[_Event[_DeltaChoice]]),
 )
 
 
@@ -175,22 +170,8 @@ class SseAccount:
             if events:
                 body = complete[6:-2] if done else complete[6:]
                 array = b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
-                if self._plain_tokens(array, events, now):
-                    if done:
-                        self.events += 1
-                        self.done = True
-                    return
-                try:
-                    payloads = orjson.loads(array)
-                except orjson.JSONDecodeError:
-                    payloads = None  # one of them is not JSON: find which, event by event
-                if payloads is not None and len(payloads) == events:
-                    self.events += events
-                    self._payloads(payloads, now)
-                else:
-                    for block in complete.split(b"\n\n"):
-                        if block:
-                            self._event(block, now)
+                if not self._plain_tokens(array, events, now):
+                    self._parse_all(array, complete, events, now)
             if done:
                 self.events += 1
                 self.done = True
@@ -219,6 +200,21 @@ class SseAccount:
             self.last_token = now
             return True
         return False
+
+    def _parse_all(self, array: bytes, complete: bytes, events: int, now: float) -> None:
+        """The read's events as one JSON array, or event by event when that array does not hold
+        exactly one JSON value per event (some event is not one JSON value)."""
+        try:
+            payloads = orjson.loads(array)
+        except orjson.JSONDecodeError:
+            payloads = None  # one of them is not JSON: find which, event by event
+        if payloads is not None and len(payloads) == events:
+            self.events += events
+            self._payloads(payloads, now)
+            return
+        for block in complete.split(b"\n\n"):
+            if block:
+                self._event(block, now)
 
     def _event(self, block: bytes, now: float) -> None:
         data: bytes | None
