@@ -17,6 +17,8 @@ TTFT percentiles as a lower bound (the table marks those percentiles with >=).
     python benchmarks/goodput.py                             # writes benchmarks/results/goodput.{md,json,png}
     python benchmarks/goodput.py --seconds 5 --rates 1,2     # a short smoke run
     python benchmarks/goodput.py --name goodput-baseline     # another file name
+    python benchmarks/goodput.py --nginx                     # a third target: nginx in front of the engine,
+                                                             # what a bare relay hop costs on this machine
 
 Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python benchmarks/goodput.py`.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -34,6 +37,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -374,6 +378,27 @@ def engine_idle(engine_url: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def _nginx_relay(wanted: bool, engine_port: int, log_dir: Path) -> Iterator[str | None]:
+    """nginx (Debian's nginx-light, relay.py's configuration: unbuffered, keep-alive upstream) in
+    front of the engine, as a third target: what any relay hop costs on this machine, with none of
+    the sidecar's work. Yields its base URL, or None when not wanted."""
+    if not wanted:
+        yield None
+        return
+    from relay import start_nginx
+
+    from helpers import procs
+
+    port = procs.free_port()
+    proc = start_nginx(log_dir / "nginx", engine_port, port)
+    try:
+        procs.wait_for(f"http://127.0.0.1:{port}/health", proc, log_dir / "nginx.log", 20)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        procs.stop(proc, timeout_s=5)
+
+
 def run(args: argparse.Namespace) -> dict:
     from helpers import procs
     from helpers.models import stand_in_model
@@ -389,11 +414,14 @@ def run(args: argparse.Namespace) -> dict:
         log_dir = args.log_dir or Path(tmp)  # --log-dir keeps the engine's and sidecar's logs
         log_dir.mkdir(parents=True, exist_ok=True)
         with procs.engine(model, log_dir) as engine, \
-                procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key, extra_env=sidecar_env) as sidecar:
+                procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key, extra_env=sidecar_env) as sidecar, \
+                _nginx_relay(args.nginx, engine.port, log_dir) as nginx_relay:
             engine_auth = [(b"authorization", f"Bearer {engine.api_key}".encode()),
                            (b"content-type", b"application/json")]
-            targets = {"bare vLLM": (engine.url, engine_auth),
-                       "sidecar": (sidecar.url, [(b"content-type", b"application/json")])}
+            targets = {"bare vLLM": (engine.url, engine_auth)}
+            if nginx_relay is not None:
+                targets["nginx relay"] = (nginx_relay, engine_auth)
+            targets["sidecar"] = (sidecar.url, [(b"content-type", b"application/json")])
             _, metrics = procs.http_get(f"{engine.url}/metrics")
             cache = cache_config(metrics.decode())
             if args.capacity:
@@ -406,7 +434,8 @@ def run(args: argparse.Namespace) -> dict:
             points = []
             for i, multiple in enumerate(args.rates):
                 rate = capacity * multiple
-                order = list(targets) if i % 2 == 0 else list(targets)[::-1]
+                names = list(targets)
+                order = names[i % len(names):] + names[:i % len(names)]  # each target leads in turn
                 point = {"multiple": multiple, "offered_per_s": rate, "targets": {}}
                 for name in order:
                     engine_idle(engine.url, 120)
@@ -464,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra sidecar setting (repeatable); default: the sidecar's defaults")
     parser.add_argument("--raw", action="store_true",
                         help="keep every request's [status, ttft, itl, tokens, done, unfinished, waited] in the JSON")
+    parser.add_argument("--nginx", action="store_true",
+                        help="a third target: nginx relaying to the engine (needs nginx on PATH)")
     parser.add_argument("--label", default="", help="a title suffix, e.g. 'baseline'")
     parser.add_argument("--name", default="goodput", help="file name stem under --out")
     parser.add_argument("--out", type=Path, default=HERE / "results")
