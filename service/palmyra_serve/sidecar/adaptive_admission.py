@@ -5,12 +5,20 @@ shape as admission.Admission (acquire / release / drain, in_flight, queued, drai
 relay's latency reports, so proxy.py can switch with a few lines (docs/admission.md, "Wiring").
 Refusals are raised as `Refused(reason, retry_after_s)`; the caller turns them into its 429 (errors.py
 owns the HTTP shape) and counts them under palmyra_rejections{reason}.
+
+The relay's reports only teach the limit; they must never break the request that makes them. A
+fault while learning (a bug in the limiter's arithmetic, whatever a sample held) is caught here:
+the slot is still released, the request goes on under the last good limit, the fault is counted
+(`faults`, palmyra_admission_faults_total) and logged at most once per FAULT_LOG_INTERVAL_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import deque
+from collections.abc import Callable
 
 from palmyra_serve.sidecar.concurrency_limit import (
     QUEUE_TIMEOUT,
@@ -19,6 +27,11 @@ from palmyra_serve.sidecar.concurrency_limit import (
     Outcome,
     Ticket,
 )
+
+log = logging.getLogger("palmyra.sidecar")
+
+# A fault that repeats on every report is logged once per this many seconds (the count says how many).
+FAULT_LOG_INTERVAL_S = 10.0
 
 
 class Refused(Exception):
@@ -41,6 +54,9 @@ class AdaptiveAdmission:
     def __init__(self, gate: ConcurrencyGate) -> None:
         self.gate = gate
         self.draining = False
+        self.faults = 0  # learning calls that raised (each one left the limit as it was)
+        self.on_fault: Callable[[], None] | None = None  # the metric's increment, bound by the app
+        self._fault_logged_at: float | None = None
         self._waiters: deque[tuple[asyncio.Future[Ticket], float]] = deque()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -74,7 +90,11 @@ class AdaptiveAdmission:
         if self.draining:
             raise Draining
         gate = self.gate
-        decision = gate.arrive()
+        try:
+            decision = gate.arrive()
+        except Exception as exc:  # the queue policy's arithmetic failed: admit within the limit, or refuse
+            self._fault(exc)
+            decision = gate.arrive_plain()
         if decision.action == "admit":
             assert decision.ticket is not None
             self._idle.clear()
@@ -103,17 +123,39 @@ class AdaptiveAdmission:
 
     # --- the relay's reports --------------------------------------------------------------
     def first_token(self, ticket: Ticket) -> None:
-        self.gate.first_token(ticket)
+        try:
+            self.gate.first_token(ticket)
+        except Exception as exc:
+            self._fault(exc)
         self._hand_out()  # a window may have closed and raised the limit
 
     def inter_token(self, ticket: Ticket, itl_s: float) -> None:
-        self.gate.inter_token(ticket, itl_s)
+        try:
+            self.gate.inter_token(ticket, itl_s)
+        except Exception as exc:
+            self._fault(exc)
         self._hand_out()
 
     def release(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
-        self.gate.finish(ticket, itl_s, outcome)
+        try:
+            self.gate.finish(ticket, itl_s, outcome)  # frees the slot before it learns anything
+        except Exception as exc:
+            self._fault(exc)
         self._hand_out()
         self._check_idle()
+
+    def _fault(self, exc: Exception) -> None:
+        self.faults += 1
+        if self.on_fault is not None:
+            self.on_fault()
+        now = time.monotonic()
+        if self._fault_logged_at is None or now - self._fault_logged_at >= FAULT_LOG_INTERVAL_S:
+            self._fault_logged_at = now
+            log.error(
+                "adaptive admission fault: the limit stays where it was",
+                exc_info=exc,
+                extra={"fields": {"faults": self.faults, "limit": self.gate.limit}},
+            )
 
     # --- internals ---------------------------------------------------------------------------
     def _hand_out(self) -> None:

@@ -21,7 +21,15 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   proportion to concurrency above the knee, this lands on the target in one step);
   p < `tolerance` and the limit was binding in the window (a request found no free slot): increase,
   doubling while in slow start (until the first decrease, as TCP), then by max(1, sqrt(limit)) per
-  window (Envoy's headroom); else hold. An engine error or timeout (outcome "drop") halves it (AIMD).
+  window (Envoy's headroom); else hold.
+- Only latency the engine produced teaches the limit. A failed request says nothing about
+  congestion that a client could not have provoked: a 4xx is the request's own fault, an engine 5xx
+  can be asked for (a prompt that breaks a template), a read timeout follows from a request's own
+  length, a cut stream from its client. None of them moves the limit (an engine that really fails
+  is seen by health and readiness: health.py). Samples are sanitised on the way in (a NaN, an
+  negative gap from a clock step is dropped; an infinite or huge one is capped), the arithmetic is
+  total (no division by a sample that can be 0), and the limit stays finite within
+  [floor, ceiling] whatever the samples (tests/unit/test_admission_properties.py).
 - A raise must pay: the SLO allows streams to slow down to the ITL target, but on an engine whose
   throughput falls past its knee (this 2-core CPU: ~19 req/s at 50 streams, ~14 at 128 with every
   stream still inside the SLO) a limit held only by the SLO settles where goodput is lower. So each
@@ -58,7 +66,7 @@ mu, to drain to where a newcomer is admissible again (1 s before the first measu
 
 The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
 docs/admission.md; admission.build_admission() maps them.
-Nothing here does I/O or touches asyncio: admission.py owns the waiters and calls these methods;
+Nothing here does I/O or touches asyncio: adaptive_admission.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
 
@@ -73,7 +81,11 @@ from typing import Literal
 from palmyra_serve.sidecar import errors
 
 Mode = Literal["adaptive", "fixed"]
-Outcome = Literal["ok", "drop", "ignore"]  # ok: measured; drop: engine error/timeout; ignore: say nothing
+Outcome = Literal["ok", "ignore"]  # ok: a measured success; ignore: nothing learnt (any failure)
+
+# A latency sample above this is capped: a stalled stream still says "far too slow", and no sum or
+# product built from samples can overflow.
+MAX_SAMPLE_S = 3600.0
 
 # Refusal reasons: error codes (errors.py, the one vocabulary), also palmyra_rejections{reason}.
 QUEUE_FULL = errors.QUEUE_FULL
@@ -115,6 +127,8 @@ class LimitConfig:
             raise ValueError("max_decrease must be in (0, 1)")
         if not 0 <= self.queue_headroom < 1:
             raise ValueError("queue_headroom must be in [0, 1)")
+        if not (self.ttft_slo_s > 0 and self.itl_slo_s > 0 and math.isfinite(self.ttft_slo_s + self.itl_slo_s)):
+            raise ValueError("the SLOs must be positive and finite")
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,14 @@ class Decision:
     deadline: float | None = None  # queue: refuse with QUEUE_TIMEOUT if still waiting then
     reason: str | None = None  # refuse
     retry_after_s: int | None = None  # refuse
+
+
+def sample(value: float) -> float | None:
+    """A latency as the limiter may use it: non-negative, capped at MAX_SAMPLE_S (an infinity too);
+    None (dropped) for NaN and for negative gaps (a clock stepped back)."""
+    if not (value >= 0.0):  # also False for NaN
+        return None
+    return min(value, MAX_SAMPLE_S)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -181,7 +203,6 @@ class AdaptiveLimit:
         self._window_start = now
         self._ttfts: list[float] = []
         self._itls: list[float] = []
-        self._drops = 0
         self._fresh_itls = 0  # ITL samples of requests dispatched at the current limit
         self._full_itls: list[float] = []  # the same, those dispatched into a full batch
         self._binding = False
@@ -191,40 +212,48 @@ class AdaptiveLimit:
         self._binding = True
 
     def on_ttft(self, dispatched_at: float, ttft_s: float) -> None:
-        if dispatched_at >= self.decreased_at:
-            self._ttfts.append(ttft_s)
+        value = sample(ttft_s)
+        if value is not None and dispatched_at >= self.decreased_at:
+            self._ttfts.append(value)
         self._maybe_update()
 
     def on_itl(self, dispatched_at: float, itl_s: float, full: bool = True) -> None:
-        if dispatched_at >= self.decreased_at:
-            self._itls.append(itl_s)
+        value = sample(itl_s)
+        if value is not None and dispatched_at >= self.decreased_at:
+            self._itls.append(value)
             if dispatched_at >= self.changed_at and full:
                 self._fresh_itls += 1
-                self._full_itls.append(itl_s)
+                self._full_itls.append(value)
         self._maybe_update()
 
     def on_finish(self, dispatched_at: float, itl_s: float | None, outcome: Outcome, full: bool = True) -> None:
         if outcome == "ok" and itl_s is not None:
             self.on_itl(dispatched_at, itl_s, full)
             return
-        if dispatched_at >= self.decreased_at and outcome == "drop":
-            self._drops += 1
         self._maybe_update()
 
     def _maybe_update(self) -> None:
         if self.config.mode == "fixed":
             return
         now = self.clock()
-        n = len(self._ttfts) + len(self._itls) + self._drops
+        n = len(self._ttfts) + len(self._itls)
         elapsed = now - self._window_start
+        if elapsed < 0:  # the clock stepped back: the window starts again from here
+            self._window_start = now
+            return
         if not (
             (n >= self.config.min_samples and elapsed >= self.config.window_s)
             or (n >= 1 and elapsed >= self.config.max_window_s)
         ):
             return
         old = self._limit
-        self._limit = self._next_limit()
-        self._reset_window(now)
+        try:
+            proposed = self._next_limit()
+        finally:
+            self._reset_window(now)  # a window that failed is dropped, never evaluated again
+        # Total by construction; kept anyway so that no future term can leave the bounds.
+        if math.isfinite(proposed):
+            self._limit = min(float(self.ceiling), max(float(self.floor), proposed))
         if int(self._limit) != int(old):
             self.changed_at = now
         if int(self._limit) < int(old):
@@ -232,9 +261,6 @@ class AdaptiveLimit:
 
     def _next_limit(self) -> float:
         cfg, limit = self.config, self._limit
-        if self._drops:
-            self.slow_start = False
-            return max(self.floor, limit * 0.5)
         pressures = []
         if self._ttfts:
             pressures.append(quantile(self._ttfts, cfg.quantile) / self.ttft_target_s)
@@ -245,7 +271,9 @@ class AdaptiveLimit:
         if p > 1:
             self.slow_start = False
             return max(self.floor, limit * max(cfg.max_decrease, 1 / p))
-        rate = limit / quantile(self._full_itls, 50) if self._full_itls else None
+        # A median gap of 0 (every token of the window's streams in one read) measures no rate.
+        gap = quantile(self._full_itls, 50) if self._full_itls else 0.0
+        rate = limit / gap if gap > 0 else None
         if rate is not None and self._raised_from is not None:
             before, before_rate = self._raised_from
             self._raised_from = None
@@ -324,7 +352,9 @@ class ConcurrencyGate:
         """Seconds until a newcomer would be admissible again if nothing else arrived: the queue's
         expected wait for one more, minus what the SLO allows, at least 1."""
         excess = self.expected_wait_s(self.queued + 1) - self.max_queue_wait_s()
-        return int(min(self.config.retry_after_max_s, max(1, math.ceil(excess))))
+        if not excess < self.config.retry_after_max_s:  # NaN included: say the longest
+            return self.config.retry_after_max_s
+        return int(max(1, math.ceil(excess)))
 
     def refusal(self, reason: str) -> Decision:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
@@ -347,6 +377,14 @@ class ConcurrencyGate:
         self.queued += 1
         return Decision("queue", deadline=now + max_wait)
 
+    def arrive_plain(self) -> Decision:
+        """arrive() without the queue policy's estimates: what admission falls back to if those fail."""
+        if self.queued == 0 and self.can_dispatch():
+            self.in_flight += 1
+            return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit))
+        self.refusals[QUEUE_FULL] = self.refusals.get(QUEUE_FULL, 0) + 1
+        return Decision("refuse", reason=QUEUE_FULL, retry_after_s=self.config.retry_after_max_s)
+
     def dispatch(self, enqueued_at: float) -> Ticket:
         """A waiter takes a free slot (call only when can_dispatch())."""
         now = self.clock()
@@ -358,7 +396,9 @@ class ConcurrencyGate:
         self.queued -= 1
 
     def first_token(self, ticket: Ticket) -> None:
-        ttft = self.clock() - ticket.dispatched_at
+        ttft = sample(self.clock() - ticket.dispatched_at)
+        if ttft is None:
+            return
         if self._srtt is None:
             self._srtt, self._rttvar = ttft, ttft / 2
         else:
@@ -371,8 +411,9 @@ class ConcurrencyGate:
         self.limiter.on_itl(ticket.dispatched_at, itl_s, ticket.full)
 
     def finish(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
+        """The slot is freed first: whatever the learning below does, the count stays right."""
         self.in_flight -= 1
-        if outcome == "ok":
-            took = self.clock() - ticket.dispatched_at
+        took = sample(self.clock() - ticket.dispatched_at)
+        if outcome == "ok" and took is not None:
             self._service_s = took if self._service_s is None else 0.8 * self._service_s + 0.2 * took
         self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome, ticket.full)

@@ -77,6 +77,7 @@ class SseAccount:
         "done",
         "error",
         "events",
+        "first_read_tokens",
         "first_token",
         "last_token",
         "oversized",
@@ -98,12 +99,15 @@ class SseAccount:
         self.error = False  # an engine error event (vLLM sends one when a generation fails mid-stream)
         self.first_token = 0.0
         self.last_token = 0.0
+        self.first_read_tokens = -1  # tokens of the reads stamped first_token (known from the next read on)
         self.unparsed = 0  # data that was not JSON (counted, not guessed at)
         self.oversized = 0  # events over MAX_EVENT_BYTES, skipped
         self.skipping = False  # inside such an event: its bytes are dropped until its blank line
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Account for one read of the stream, `now` being when it arrived."""
+        if self.first_read_tokens < 0 and self.first_token:
+            self.first_read_tokens = self.tokens_so_far()  # what the first token-bearing read held
         if self._tail:
             chunk = self._tail + chunk
         if self.skipping:
@@ -319,12 +323,19 @@ class SseAccount:
         return events
 
     def token_gap(self) -> float | None:
-        """Mean gap per generated token of the busiest choice (the ITL the SLO speaks of), from the
-        engine's own count when it reported usage for a one-choice stream; None under two tokens."""
-        steps = self.tokens_so_far()
-        if steps < 2 or not self.first_token:
+        """The engine's mean time per generated token after its first read (the ITL the SLO speaks
+        of; admission's sample): the time from the first token-bearing read to the last, over the
+        tokens that arrived after that first read (the engine's own count when it reported usage for
+        a one-choice stream). The tokens of one read share its timestamp, so they are one sample of
+        the gap before that read, never gaps of 0: a stream whose tokens all came in one read
+        measures no gap (None), nor does one with fewer than one token after its first read."""
+        if self.first_read_tokens < 0:
             return None
-        return (self.last_token - self.first_token) / (steps - 1)
+        after = self.tokens_so_far() - self.first_read_tokens
+        span = self.last_token - self.first_token
+        if after < 1 or not span > 0:
+            return None
+        return span / after
 
     def inter_token_latency(self) -> float | None:
         """Mean gap between the token events of one choice (the busiest one), None under two."""
