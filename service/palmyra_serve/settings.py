@@ -87,8 +87,19 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(
         30.0, description="fixed mode: longest wait in the queue before 429 (adaptive derives it from slo_ttft_s)."
     )
-    slo_ttft_s: float = Field(2.0, description="Time-to-first-token objective (adaptive admission; bench/validate's).")
-    slo_itl_s: float = Field(0.25, description="Mean inter-token gap objective (adaptive admission).")
+    tokenize_max_in_flight: int = Field(
+        4,
+        ge=1,
+        description="/tokenize and /detokenize relayed at once, in a gate of their own (both modes); more wait.",
+    )
+    tokenize_max_queue: int = Field(16, ge=0, description="/tokenize and /detokenize waiting; beyond that 429.")
+    tokenize_queue_timeout_s: float = Field(
+        5.0, gt=0, description="Longest a /tokenize or /detokenize waits for its gate before 429."
+    )
+    slo_ttft_s: float = Field(
+        2.0, gt=0, description="Time-to-first-token objective (adaptive admission; bench/validate's)."
+    )
+    slo_itl_s: float = Field(0.25, gt=0, description="Mean inter-token gap objective (adaptive admission).")
     admission_min_limit: int = Field(2, description="adaptive: the lowest the limit goes.")
     admission_max_limit: int | None = Field(
         None,

@@ -123,21 +123,29 @@ def test_request_ids():
     assert len(request_id_from(b"has space")) == 32 and len(request_id_from(b"x" * 129)) == 32
 
 
-def test_engine_error_bodies_are_made_openai_shaped():
+def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reaches_the_client():
     import orjson
 
-    from palmyra_serve.sidecar.errors import openai_shaped
+    from palmyra_serve.sidecar.errors import MAX_CLIENT_MESSAGE, from_engine
 
-    shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}'
-    assert openai_shaped(400, shaped, "Bad Request") is None  # already right: relayed unchanged
+    shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
+    assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {
+        "message": "bad", "type": "invalid_request_error", "param": "n", "code": 400}, "only OpenAI's four fields"
     for status, body, message in ((404, b'{"detail":"Not Found"}', "Not Found"),
                                   (401, b'{"error":"Unauthorized"}', "Unauthorized"),
                                   (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
-                                  (502, b"<html>bad gateway</html>", "<html>bad gateway</html>"),
                                   (405, b"", "Method Not Allowed")):
-        err = orjson.loads(openai_shaped(status, body, message if not body else "x"))["error"]
+        err = orjson.loads(from_engine(status, body, message if not body else "x", "rid"))["error"]
         assert err["message"] == message and err["code"] == status and err["param"] is None
-        assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+        assert err["type"] == "invalid_request_error"
+    long = orjson.dumps({"error": {"message": "m" * 10_000, "code": 400}})
+    assert len(orjson.loads(from_engine(400, long, "x", "rid"))["error"]["message"]) == MAX_CLIENT_MESSAGE
+    # A 5xx's text (here a traceback holding a token) stays in the log: the client gets the request id.
+    secret = b'{"error": {"message": "Traceback ... api_key=sk-live-123", "code": 500}}'
+    for status, body in ((500, secret), (502, b"<html>bad gateway</html>"), (503, b"")):
+        err = orjson.loads(from_engine(status, body, "x", "req-7"))["error"]
+        assert "sk-live" not in err["message"] and "html" not in err["message"] and "req-7" in err["message"]
+        assert (err["type"], err["code"]) == ("server_error", "engine_error")
 
 
 def test_access_log_writes_one_json_line_per_request_buffered_briefly():
@@ -185,12 +193,15 @@ def test_access_log_is_silent_above_info():
     assert stream.getvalue() == ""
 
 
-def test_response_headers_drop_hop_by_hop_ones_and_those_connection_names():
+def test_response_headers_are_an_allow_list_of_what_describes_the_body():
     from palmyra_serve.sidecar.proxy import _response_headers
 
     class Resp:
         raw_headers = [(b"Content-Type", b"application/json"), (b"Connection", b"keep-alive, X-Hop"),
                        (b"x-hop", b"1"), (b"Proxy-Connection", b"keep-alive"), (b"Keep-Alive", b"timeout=5"),
-                       (b"Transfer-Encoding", b"chunked"), (b"x-kept", b"2"), (b"server", b"uvicorn")]
+                       (b"Transfer-Encoding", b"chunked"), (b"x-internal", b"2"), (b"server", b"uvicorn"),
+                       (b"set-cookie", b"session=1"), (b"access-control-allow-origin", b"*"),
+                       (b"content-length", b"12"), (b"retry-after", b"3"), (b"x-request-id", b"engine's")]
     headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
-    assert headers == [(b"Content-Type", b"application/json"), (b"x-kept", b"2"), (b"x-request-id", b"rid-1")]
+    assert headers == [(b"Content-Type", b"application/json"), (b"content-length", b"12"), (b"retry-after", b"3"),
+                       (b"x-request-id", b"rid-1")]

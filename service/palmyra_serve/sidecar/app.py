@@ -24,14 +24,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission import build_admission, learn_ceiling
+from palmyra_serve.sidecar.admission import AdaptiveAdmission, build_admission, learn_ceiling
 from palmyra_serve.sidecar.auth import ApiKeys, validate_engine_key
 from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.proxy import Proxy
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, PROBE_PATHS
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge, new_session
 from palmyra_serve.sidecar.warmup import Supervisor
 
@@ -54,6 +54,8 @@ class SidecarState:
         metrics.bind_admission(
             lambda: self.admission.limit, lambda: self.admission.ceiling, self.admission.max_queue_wait_s
         )
+        if isinstance(self.admission, AdaptiveAdmission):
+            self.admission.on_fault = metrics.admission_faults.inc
         validate_engine_key(settings.engine_api_key)  # AuthConfigError: serve() refuses to start
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
         self.session: aiohttp.ClientSession | None = None
@@ -70,7 +72,10 @@ class SidecarState:
             )
             await asyncio.sleep(self.settings.drain_propagation_s)
         log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight, "queued": self.admission.queued}})
-        emptied = await self.admission.drain(self.settings.drain_timeout_s)
+        drained = asyncio.ensure_future(self.admission.drain(self.settings.drain_timeout_s))
+        await asyncio.sleep(0)  # admission is closed now: a body still arriving could only be refused
+        self.proxy.refuse_uploads()
+        emptied = await drained
         log.info(
             "drained" if emptied else "drain timeout: requests still in flight",
             extra={"fields": {"in_flight": self.admission.in_flight}},
@@ -113,12 +118,28 @@ class SidecarApp:
         elif scope["type"] == "http" and scope["path"] not in CONTROL_PATHS:
             await self.proxy(scope, receive, send)
             return
+        elif scope["type"] == "http" and scope["path"] in KEYED_CONTROL_PATHS and not self._keyed(scope):
+            await _refuse_unauthorized(send)
+            return
         await self.control(scope, receive, send)
+
+    def _keyed(self, scope: dict) -> bool:
+        auth = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        return self.proxy.keys.check(auth)
 
 
 def _local_port(scope: dict) -> int | None:
     server = scope.get("server")
     return server[1] if server else None
+
+
+async def _refuse_unauthorized(send: Any) -> None:
+    exc = errors.unauthorized()
+    body = exc.body()
+    headers = [(k, v) for k, v in exc.headers("-") if k != b"x-request-id"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _refuse_off_probe_port(scope: dict, send: Any) -> None:

@@ -62,6 +62,18 @@ REJECTION_CODES = (
 )
 
 
+INTERNAL_ERROR = "internal_error"
+
+
+def internal_error(request_id: str) -> ApiError:
+    return ApiError(
+        500,
+        f"The service failed on this request (request id {request_id}); it is logged.",
+        "server_error",
+        INTERNAL_ERROR,
+    )
+
+
 def unauthorized() -> ApiError:
     return ApiError(
         401,
@@ -182,21 +194,56 @@ def upstream(code: str, retry_after: int) -> ApiError:
 MAX_ERROR_BODY = 64 * 1024
 
 
-def openai_shaped(status: int, body: bytes, reason: str) -> bytes | None:
-    """None when an upstream error body is already OpenAI-shaped; else the same error rewrapped."""
+# What of an engine's 4xx message a client gets: vLLM's say what was wrong with the request
+# (a context length, a bad parameter) and echo at most a little of it.
+MAX_CLIENT_MESSAGE = 1000
+ENGINE_ERROR = "engine_error"
+
+
+def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes:
+    """The body a client gets for an engine error, always rebuilt, never relayed as it came.
+
+    A 5xx says only that the engine failed, and where the details are: the engine's own text
+    (a traceback can hold a prompt, a path or a token) goes to the sidecar's log under the request
+    id. A 4xx is the request's own fault, and its message is what the client needs: kept, bounded
+    to MAX_CLIENT_MESSAGE characters, with OpenAI's four fields and nothing else. vLLM's framework
+    level bodies ({"detail": ...} for an undecodable body, {"error": "Unauthorized"}) are read the
+    same way."""
+    if status >= 500:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": f"The inference engine failed on this request (request id {request_id}).",
+                    "type": "server_error",
+                    "param": None,
+                    "code": ENGINE_ERROR,
+                }
+            }
+        )
     try:
         payload = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
         payload = None
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict) and "message" in payload["error"]:
-        return None
-    if isinstance(payload, dict):
-        detail = payload.get("detail", payload.get("error", payload.get("message")))
-        message = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        message, param, code = error.get("message"), error.get("param"), error.get("code", status)
+    elif isinstance(payload, dict):
+        message = payload.get("detail", error if error is not None else payload.get("message"))
+        param, code = None, status
     else:
-        message = body.decode("utf-8", "replace")[:500] or reason
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+        message, param, code = body.decode("utf-8", "replace") or reason, None, status
+    if not isinstance(message, str):
+        message = orjson.dumps(message).decode()
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message[:MAX_CLIENT_MESSAGE] or reason,
+                "type": "invalid_request_error",
+                "param": param[:200] if isinstance(param, str) else None,
+                "code": code if isinstance(code, int | str) and not isinstance(code, bool) else status,
+            }
+        }
+    )
 
 
 # --- the front end's refusals (routes, protocol limits, request cost) ------------------------

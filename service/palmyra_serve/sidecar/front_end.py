@@ -61,11 +61,15 @@ class DisconnectHook:
     the connection calls `on_disconnect` from connection_lost. One per connection: uvicorn runs a
     connection's (pipelined) requests one after the other, so one relay at most has it set."""
 
-    __slots__ = ("lost", "on_disconnect")
+    __slots__ = ("lost", "on_disconnect", "write_pauses")
 
     def __init__(self) -> None:
         self.lost = False  # the connection is gone (also before any relay registered)
         self.on_disconnect: Callable[[], None] | None = None
+        # Times the client's transport paused writing (its client read slower than the relay
+        # wrote): a stream relayed across a pause was paced by its client, not by the engine, so
+        # admission learns no inter-token gap from it (proxy.py).
+        self.write_pauses = 0
 
 
 def raw_response(exc: errors.ApiError) -> bytes:
@@ -245,6 +249,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # --- output ------------------------------------------------------------------------------
     def pause_writing(self) -> None:
+        self._disconnect_hook.write_pauses += 1
         super().pause_writing()
         if self._write_timer is None:
             self._write_timer = self.loop.call_later(self.write_timeout_s, self._on_write_timeout)

@@ -21,6 +21,14 @@ from collections.abc import Callable
 from palmyra_serve.sidecar.metrics import SidecarMetrics
 from palmyra_serve.sidecar.upstream import EngineClient
 
+# The sidecar's own code failing requests (an unexpected exception in the relay, never an engine
+# error or a client's doing): this many in a row, with no request completed between them, and the
+# replica is not ready until SIDECAR_FAULT_HOLD_S have passed since the last one. A client cannot
+# provoke these on purpose (they are bugs), so this is no readiness switch for an attacker.
+SIDECAR_FAULTS_NOT_READY = 3
+SIDECAR_FAULT_HOLD_S = 30.0
+SIDECAR_FAULT = "sidecar_fault"
+
 
 class HealthState:
     def __init__(
@@ -43,7 +51,9 @@ class HealthState:
         self.startup_seconds: dict[str, float] | None = None  # the last start-up's phases (warmup.py)
         self.relay_failure: str | None = None  # what the relay last saw fail, until a later poll
         self.relay_failure_at = 0.0
-        metrics.set_phase(self.phase)
+        self.sidecar_faults_in_row = 0  # reset by every request the relay completes
+        self.sidecar_fault_at = 0.0
+        metrics.bind_phase(lambda: self.readiness()[1]["phase"])
         # Judged at scrape time: a hang becomes visible as time passes, with no event to publish it.
         metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         metrics.engine_live.set_function(lambda: 1.0 if self.liveness()[0] else 0.0)
@@ -64,6 +74,16 @@ class HealthState:
         self.relay_failure = code
         self.relay_failure_at = self.clock()
 
+    def report_sidecar_fault(self) -> None:
+        self.sidecar_faults_in_row += 1
+        self.sidecar_fault_at = self.clock()
+
+    def sidecar_failing(self) -> bool:
+        return (
+            self.sidecar_faults_in_row >= SIDECAR_FAULTS_NOT_READY
+            and self.clock() - self.sidecar_fault_at < SIDECAR_FAULT_HOLD_S
+        )
+
     def record_generation(self, ok: bool) -> None:
         now = self.clock()
         if ok:
@@ -76,7 +96,6 @@ class HealthState:
         self.phase = "draining" if self.draining else phase
         if error is not None:
             self.last_error = error
-        self.metrics.set_phase(self.phase)
 
     def begin_drain(self) -> None:
         self.draining = True
@@ -99,17 +118,25 @@ class HealthState:
         return status == "ok", {"status": status, "detail": detail, "engine_health": self.engine_status}
 
     def readiness(self) -> tuple[bool, dict]:
+        sidecar_failing = self.sidecar_failing()
         ready = (
-            self.phase == "ready" and not self.draining and self.engine_status == "ok" and self.relay_failure is None
+            self.phase == "ready"
+            and not self.draining
+            and self.engine_status == "ok"
+            and self.relay_failure is None
+            and not sidecar_failing
         )
+        # The phase a reader sees agrees with the verdict: warmed up, but not ready now (the engine
+        # stopped answering, a stream was cut) reads "not_ready", never "ready" beside false.
+        phase = "not_ready" if self.phase == "ready" and not ready else self.phase
         body = {
             "ready": ready,
-            "phase": self.phase,
+            "phase": phase,
             "progress": {"done": self.progress_done, "total": self.progress_total},
             "last_error": self.last_error,
             "weights": self.weights,
             "engine_health": self.engine_status,
-            "relay_failure": self.relay_failure,
+            "relay_failure": SIDECAR_FAULT if sidecar_failing else self.relay_failure,
             "warmup_seconds": self.warmup_seconds,
             "startup_seconds": self.startup_seconds,
         }

@@ -101,6 +101,16 @@ class SidecarMetrics:
         self.rejections = Counter(
             "palmyra_rejections", "Requests the sidecar refused, by reason (the error code).", ["reason"], registry=r
         )
+        self.admission_faults = Counter(
+            "palmyra_admission_faults",
+            "Faults inside adaptive admission's learning; each left the limit where it was (a bug to report).",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "palmyra_internal_errors",
+            "Requests the sidecar's own code failed (a bug to report); several in a row turn the replica not ready.",
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"], registry=r
         )
@@ -169,9 +179,10 @@ class SidecarMetrics:
             child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
         child.inc()
 
-    def set_phase(self, current: str) -> None:
+    def bind_phase(self, current: Callable[[], str]) -> None:
+        """The readiness phase, read at scrape time (the one /ready shows: see health.py)."""
         for phase in PHASES:
-            self.phase.labels(phase).set(1 if phase == current else 0)
+            self.phase.labels(phase).set_function(_is_phase(current, phase))
 
     def record_startup(self, seconds: dict[str, float]) -> None:
         """The phases of a start-up that just reached ready (keys: STARTUP_PHASES)."""
@@ -190,3 +201,7 @@ class SidecarMetrics:
         self.concurrency_limit.set_function(limit)
         self.concurrency_ceiling.set_function(ceiling)
         self.queue_max_wait.set_function(max_wait)
+
+
+def _is_phase(current: Callable[[], str], phase: str) -> Callable[[], float]:
+    return lambda: 1.0 if current() == phase else 0.0

@@ -11,6 +11,7 @@ cancels the relay at once; that closes the engine connection, which makes vLLM a
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -20,9 +21,8 @@ import orjson
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.access_log import AccessLog
-from palmyra_serve.sidecar.admission import AdmissionControl, Draining, Refused, Ticket
+from palmyra_serve.sidecar.admission import Admission, AdmissionControl, Draining, Refused, Ticket
 from palmyra_serve.sidecar.auth import ApiKeys
-from palmyra_serve.sidecar.concurrency_limit import Outcome
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
 from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook
 from palmyra_serve.sidecar.health import HealthState
@@ -55,25 +55,19 @@ DROP_REQUEST = frozenset(
         b"expect",
     }
 )
-# Not relayed back: hop-by-hop headers (RFC 9110 7.6.1), and the ones uvicorn writes itself.
-DROP_RESPONSE = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"transfer-encoding",
-        b"te",
-        b"upgrade",
-        b"trailer",
-        b"date",
-        b"server",
-        b"x-request-id",
-        b"proxy-authenticate",
-    }
+# The engine's response headers a client gets: only what describes the body. Everything else
+# (hop-by-hop fields, the engine server's own date and server, set-cookie, CORS grants such as
+# access-control-allow-origin: *, internal x- fields) stays inside the pod; the request id is ours.
+RELAYED_RESPONSE = frozenset(
+    {b"content-type", b"content-length", b"content-encoding", b"cache-control", b"retry-after"}
 )
+log = logging.getLogger("palmyra.sidecar")
+
 SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 # What /ready's relay_failure says when a stream carried the engine's own error event.
 ENGINE_ERROR_EVENT = "engine_error_event"
+# How much of an engine's 5xx body the sidecar's log keeps (the client gets none of it).
+ENGINE_ERROR_LOGGED = 4096
 
 
 class ClientGone(Exception):
@@ -103,6 +97,12 @@ class Proxy:
         # engine, and its latency would teach the limiter nothing about generating. Fixed mode gates
         # every relayed request, as it always did.
         self.gate_all = settings.admission_mode == "fixed"
+        self.tokenize_gate = Admission(
+            settings.tokenize_max_in_flight,
+            settings.tokenize_max_queue,
+            settings.tokenize_queue_timeout_s,
+            settings.retry_after_s,
+        )
         self.keys = keys
         self.state = state
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
@@ -112,6 +112,8 @@ class Proxy:
         # admission, so without this cap max_connections slow uploads could each hold a full body.
         self.body_budget = body_budget(settings)
         self.body_held = 0
+        self._uploads: set[asyncio.Task] = set()  # requests whose body is still arriving
+        self._uploads_refused = False
         self.cost_limits = CostLimits(
             settings.max_tokens_cap or settings.max_model_len, settings.max_choices, settings.max_logprobs
         )
@@ -146,12 +148,13 @@ class Proxy:
         held = 0
         body_read = False
         try:
+            # The key first: without one, nothing about the routes is revealed (no 404 or 405).
+            if not self.keys.check(auth):
+                raise _reject(self.metrics, errors.unauthorized())
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
             if scope["method"] not in entry.methods:
                 raise _reject(self.metrics, errors.method_not_allowed(scope["method"], path, entry.allow))
-            if not self.keys.check(auth):
-                raise _reject(self.metrics, errors.unauthorized())
             if self.admission.draining:
                 raise _reject(self.metrics, errors.draining(self.settings.retry_after_s))
             body = await self._read_body(receive, clen)
@@ -159,16 +162,7 @@ class Proxy:
             held = len(body)
             if entry.generates and body:
                 self._check_cost(body, entry)
-            ticket = await self._admit(record) if entry.generates or self.gate_all else None
-            relayed: int | None = None
-            try:
-                status = relayed = await self._relay(scope, send, route, body, fwd, rid, record, t0, ticket)
-            finally:
-                if ticket is not None:
-                    itl_ms = record.get("itl_ms")
-                    self.admission.release(
-                        ticket, itl_ms / 1000 if itl_ms is not None else None, _outcome(relayed, record)
-                    )
+            status = await self._admitted_relay(scope, send, entry, body, fwd, rid, record, t0)
         except errors.ApiError as exc:
             status = exc.status
             record["error"] = exc.code
@@ -185,6 +179,12 @@ class Proxy:
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
             record["client_disconnected"] = True
+        except Exception as exc:
+            status = 500
+            record["error"] = errors.INTERNAL_ERROR
+            await self._internal_fault(exc, send, rid)
+        else:
+            self.state.sidecar_faults_in_row = 0
         finally:
             self.body_held -= held
             took = time.perf_counter() - t0
@@ -194,10 +194,78 @@ class Proxy:
             record["duration_ms"] = round(took * 1000, 2)
             self.access_log.write(time.time(), record)
 
-    async def _admit(self, record: dict) -> Ticket:
+    async def _admitted_relay(
+        self,
+        scope: dict,
+        send: Any,
+        entry: Route,
+        body: bytes,
+        fwd: list[tuple[bytes, bytes]],
+        rid: str,
+        record: dict,
+        t0: float,
+    ) -> int:
+        """Admission, then the relay, with the client's going away heard throughout: a queued
+        request whose client left gives its queue place up at once, and a relayed one is cancelled
+        (which closes the engine connection, and vLLM aborts the generation). A non-streamed
+        generation sends nothing until it is done, so this is heard from the connection itself."""
+        task = asyncio.current_task()
+        assert task is not None
+        hook: DisconnectHook = scope[DISCONNECT_HOOK]
+        if hook.lost:
+            raise ClientGone
+        gone = _Gone(task)
+        hook.on_disconnect = gone.cancel_relay
+        try:
+            gate = self._gate_of(entry)
+            ticket = await self._admit(gate, record) if gate is not None else None
+            learnt = _Learnt(hook)
+            relayed: int | None = None
+            try:
+                relayed = await self._relay(scope, send, entry.label, body, fwd, rid, record, t0, ticket, learnt)
+                return relayed
+            finally:
+                if gate is not None and ticket is not None:
+                    ok = relayed is not None and relayed < 300 and not learnt.failed
+                    gate.release(ticket, learnt.itl_s if ok else None, "ok" if ok else "ignore")
+        except asyncio.CancelledError:
+            if gone.flag:
+                task.uncancel()  # our own cancellation, not the server's: report it as a gone client
+                raise ClientGone from None
+            raise
+        finally:
+            hook.on_disconnect = None
+
+    async def _internal_fault(self, exc: Exception, send: Any, rid: str) -> None:
+        """The sidecar's own code failed this request (a bug): counted, logged with its traceback,
+        a 500 for the client if nothing was sent yet (else the connection is cut short), and told
+        to readiness, which turns false when every request fails this way (health.py)."""
+        self.metrics.internal_errors.inc()
+        self.state.report_sidecar_fault()
+        log.error("internal error", exc_info=exc, extra={"fields": {"request_id": rid}})
+        failure = errors.internal_error(rid)
+        answer = failure.body()
+        headers = [*failure.headers(rid), (b"content-length", b"%d" % len(answer))]
+        try:
+            await send({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        except RuntimeError:
+            pass  # the response had started: returning leaves it incomplete, uvicorn closes the connection
+
+    def _gate_of(self, entry: Route) -> AdmissionControl | None:
+        """Generations: the engine's admission. Tokenizations: a small gate of their own (cheap for
+        the engine one by one, not by the hundred, and their latency says nothing about
+        generating). Anything else: the engine's admission in fixed mode, none in adaptive."""
+        if entry.generates:
+            return self.admission
+        if entry.tokenizes:
+            return self.tokenize_gate
+        return self.admission if self.gate_all else None
+
+    async def _admit(self, gate: AdmissionControl, record: dict) -> Ticket:
         """A slot in the engine, or the refusal: 429 with its reason and Retry-After, 503 when draining."""
         try:
-            ticket = await self.admission.acquire()
+            ticket = await gate.acquire()
         except Refused as exc:
             raise _reject(self.metrics, errors.overloaded(exc.reason, exc.retry_after_s)) from None
         except Draining:
@@ -213,6 +281,7 @@ class Proxy:
             raise _reject(self.metrics, errors.body_too_large(limit))
         chunks: list[bytes] = []
         size = 0
+        uploading: asyncio.Task | None = None
         try:
             # A slow-loris body must not hold a connection (or, later, a slot): a deadline of its
             # own, much shorter than the engine's read timeout.
@@ -231,12 +300,30 @@ class Proxy:
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
+                    if uploading is None:  # a body still arriving: a drain must be able to end it
+                        uploading = asyncio.current_task()
+                        assert uploading is not None
+                        self._uploads.add(uploading)
         except BaseException as exc:
             self.body_held -= size  # on success the caller releases it when the request ends
             if isinstance(exc, TimeoutError):
                 raise _reject(self.metrics, errors.body_timeout()) from None
+            if isinstance(exc, asyncio.CancelledError) and uploading is not None and self._uploads_refused:
+                uploading.uncancel()  # refuse_uploads() cancelled it: answer, rather than vanish
+                raise _reject(self.metrics, errors.draining(self.settings.retry_after_s)) from None
             raise
+        finally:
+            if uploading is not None:
+                self._uploads.discard(uploading)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def refuse_uploads(self) -> None:
+        """Draining, with admission closed: a body still arriving would only be refused once it is
+        complete (a slow upload could hold the process's exit for its whole body deadline), so it
+        is refused now, 503 with Retry-After and the connection closed."""
+        self._uploads_refused = True
+        for task in self._uploads:
+            task.cancel()
 
     def _check_cost(self, body: bytes, entry: Route) -> None:
         """The parsed body lives only inside this call: it is dropped before the request waits."""
@@ -259,7 +346,8 @@ class Proxy:
         rid: str,
         record: dict,
         t0: float,
-        ticket: Ticket | None = None,
+        ticket: Ticket | None,
+        learnt: _Learnt,
     ) -> int:
         assert self.pool is not None
         fwd.append((b"x-request-id", rid.encode()))
@@ -268,30 +356,13 @@ class Proxy:
         target = RELAYED[scope["path"]].target  # the allow-list's canonical path, never the client's raw one
         if qs := scope.get("query_string"):
             target += b"?" + qs
-        # Hear of the client going away from before the engine is asked: a non-streamed generation
-        # sends nothing until it is done, and a gone client must abort it as much as a stream.
-        task = asyncio.current_task()
-        assert task is not None
-        hook: DisconnectHook = scope[DISCONNECT_HOOK]
-        if hook.lost:
-            raise ClientGone
-        gone = _Gone(task)
-        hook.on_disconnect = gone.cancel_relay
+        resp = await self._open(scope["method"], target, fwd, body, record)
         try:
-            resp = await self._open(scope["method"], target, fwd, body, record)
-            try:
-                if resp.status >= 400:
-                    return await self._relay_error(send, resp, rid, record)
-                return await self._stream(send, route, resp, rid, record, t0, ticket)
-            finally:
-                resp.release()  # closes the connection unless the response was read to its end
-        except asyncio.CancelledError:
-            if gone.flag:
-                task.uncancel()  # our own cancellation, not the server's: report it as a gone client
-                raise ClientGone from None
-            raise
+            if resp.status >= 400:
+                return await self._relay_error(send, resp, rid, record)
+            return await self._stream(send, route, resp, rid, record, t0, ticket, learnt)
         finally:
-            hook.on_disconnect = None
+            resp.release()  # closes the connection unless the response was read to its end
 
     def _upstream_failed(self, exc: UpstreamError, record: dict) -> errors.ApiError:
         """Count, log and map a failure talking to the engine; tell readiness unless it was only slow."""
@@ -313,9 +384,8 @@ class Proxy:
             raise self._upstream_failed(exc, record) from None
 
     async def _relay_error(self, send: Any, resp: EngineResponse, rid: str, record: dict) -> int:
-        """Engine errors reach the client in OpenAI's shape: vLLM's own error bodies already are and
-        pass unchanged; its framework-level ones ({"detail": ...} for an undecodable body, an
-        unknown route or method, or {"error": "Unauthorized"}) are wrapped, status kept."""
+        """An engine error reaches the client rebuilt in OpenAI's shape, status kept
+        (errors.from_engine: a 5xx's text only in the log, under the request id)."""
         parts: list[bytes] = []
         size = 0
         try:
@@ -327,14 +397,22 @@ class Proxy:
         except UpstreamError as exc:
             raise self._upstream_failed(exc, record) from None
         body = b"".join(parts)
-        wrapped = errors.openai_shaped(resp.status, body, resp.reason or "error")
-        headers = _response_headers(resp, rid)
-        if wrapped is not None:
-            body = wrapped
-            headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"content-type")]
-            headers.append((b"content-type", b"application/json"))
+        if resp.status >= 500:
+            log.warning(
+                "engine error",
+                extra={
+                    "fields": {
+                        "request_id": rid,
+                        "status": resp.status,
+                        "body": body[:ENGINE_ERROR_LOGGED].decode("utf-8", "replace"),
+                    }
+                },
+            )
+        answer = errors.from_engine(resp.status, body, resp.reason or "error", rid)
+        headers = [(k, v) for k, v in _response_headers(resp, rid) if k not in (b"content-length", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": answer})
         return resp.status
 
     async def _stream(
@@ -345,7 +423,8 @@ class Proxy:
         rid: str,
         record: dict,
         t0: float,
-        ticket: Ticket | None = None,
+        ticket: Ticket | None,
+        learnt: _Learnt,
     ) -> int:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
@@ -373,11 +452,11 @@ class Proxy:
                         if not reported_first:
                             reported_first = True
                             self.admission.first_token(ticket)
-                        elif probe and (tokens := account.tokens_so_far()) >= probe:
+                        elif probe and account.tokens_so_far() >= probe:
                             probe = 0
-                            self.admission.inter_token(
-                                ticket, (account.last_token - account.first_token) / (tokens - 1)
-                            )
+                            gap = account.token_gap()
+                            if gap is not None and not learnt.client_paced:
+                                self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
                 if resp.finished:  # the engine's last bytes: the response's end goes in the same write
@@ -387,6 +466,7 @@ class Proxy:
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamError as exc:
+            learnt.failed = True
             failure = self._upstream_failed(exc, record)
             if sse:
                 await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
@@ -397,8 +477,9 @@ class Proxy:
             # uvicorn close it (it logs one line, no traceback). Counted as the status the client
             # got; the access log says it was cut.
             record["truncated"] = True
+            learnt.failed = True
             return resp.status
-        self._account(route, resp.status, first, t0, account, usage, record)
+        self._account(route, resp.status, first, t0, account, usage, record, learnt)
         return resp.status
 
     def _account(
@@ -410,6 +491,7 @@ class Proxy:
         account: SseAccount | None,
         scanner: UsageScanner | None,
         record: dict,
+        learnt: _Learnt,
     ) -> None:
         if first:
             self.metrics.ttft.labels(route).observe(first - t0)
@@ -422,6 +504,7 @@ class Proxy:
                 # The engine ended the stream with its own error event (vLLM does when its core
                 # dies): the client got it; readiness hears of it now, as for a cut stream.
                 record["engine_error_event"] = True
+                learnt.failed = True
                 self.state.record_generation(False)
                 self.state.report_engine_failure(ENGINE_ERROR_EVENT)
             else:
@@ -433,7 +516,11 @@ class Proxy:
                 self.metrics.itl.labels(route).observe(itl)
             per_token = account.token_gap()
             if per_token is not None:
-                record["itl_ms"] = round(per_token * 1000, 3)  # admission's sample too
+                record["itl_ms"] = round(per_token * 1000, 3)
+                if learnt.client_paced:
+                    record["client_paced"] = True  # the gap is the client's pace: admission ignores it
+                else:
+                    learnt.itl_s = per_token
         else:
             self.state.record_generation(True)
             usage = scanner.usage() if scanner is not None else None
@@ -448,15 +535,8 @@ class Proxy:
 
 
 def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes]]:
-    """The engine's headers minus hop-by-hop ones (RFC 9110 7.6.1: also those its Connection
-    header names) and server-written ones, plus our request id."""
-    raw = resp.raw_headers
-    drop: frozenset[bytes] | set[bytes] = DROP_RESPONSE
-    for name, value in raw:
-        if name.lower() == b"connection":
-            drop = set(drop)
-            drop.update(token.strip().lower() for token in value.split(b","))
-    headers = [(k, v) for k, v in raw if k.lower() not in drop]
+    """The engine's headers on the allow-list (RELAYED_RESPONSE), plus our request id."""
+    headers = [(k, v) for k, v in resp.raw_headers if k.lower() in RELAYED_RESPONSE]
     headers.append((b"x-request-id", rid.encode()))
     return headers
 
@@ -472,6 +552,25 @@ def _closing_connection(send: Any) -> Any:
         await send(message)
 
     return send_closing
+
+
+class _Learnt:
+    """What one relayed request teaches admission: the engine's inter-token gap when the stream
+    was paced by the engine (its client never made the relay wait: no write pause on the
+    connection since the request started), and whether the engine failed it (then nothing is
+    learnt: admission learns only from the engine's latency, and failures are health's to judge)."""
+
+    __slots__ = ("failed", "hook", "itl_s", "pauses")
+
+    def __init__(self, hook: DisconnectHook) -> None:
+        self.hook = hook
+        self.pauses = hook.write_pauses
+        self.itl_s: float | None = None
+        self.failed = False
+
+    @property
+    def client_paced(self) -> bool:
+        return self.hook.write_pauses != self.pauses
 
 
 class _Gone:
@@ -494,21 +593,6 @@ def _has_body(scope: dict, clen: bytes | None) -> bool:
     if clen is not None:
         return clen.strip() not in (b"", b"0")
     return any(name == b"transfer-encoding" for name, _ in scope["headers"])
-
-
-def _outcome(relayed: int | None, record: dict) -> Outcome:
-    """What a finished request tells admission about the engine: `ok` (a measured success),
-    `drop` (the engine failed or timed out: AIMD halves the limit), `ignore` (a client error or a
-    client that left: nothing about the engine)."""
-    if record.get("upstream_error") or record.get("engine_error_event"):
-        return "drop"
-    if relayed is None:
-        return "ignore"
-    if relayed >= 500:
-        return "drop"
-    if relayed < 300 and not record.get("truncated"):
-        return "ok"
-    return "ignore"
 
 
 def _reject(metrics: SidecarMetrics, exc: errors.ApiError) -> errors.ApiError:

@@ -24,6 +24,7 @@ class Route:
     target: bytes  # the path sent to the engine
     generates: bool  # the body is checked for cost (request_cost.py) before admission
     chat: bool = False  # the body carries chat messages (roles checked)
+    tokenizes: bool = False  # admitted by the tokenizer's own small gate (proxy.py)
 
     @property
     def allow(self) -> str:
@@ -39,8 +40,8 @@ RELAYED: dict[str, Route] = {
     # Not OpenAI's, but how a client learns a prompt's length in tokens, which it needs to pick a
     # max_tokens within max-model-len (the cap request_cost.py enforces). No generation; the body
     # is bounded like any other.
-    "/tokenize": Route("tokenize", frozenset({"POST"}), b"/tokenize", generates=False),
-    "/detokenize": Route("tokenize", frozenset({"POST"}), b"/detokenize", generates=False),
+    "/tokenize": Route("tokenize", frozenset({"POST"}), b"/tokenize", generates=False, tokenizes=True),
+    "/detokenize": Route("tokenize", frozenset({"POST"}), b"/detokenize", generates=False, tokenizes=True),
 }
 
 # Answered by the sidecar's own control app (FastAPI): health, readiness, metrics, the API document.
@@ -57,6 +58,12 @@ CONTROL_PATHS = frozenset(
         "/openapi.json",
     }
 )
+
+# The API document lists every relayed route: it is for callers, so it asks for their key (when
+# keys are on), like the routes it describes. Health, readiness and metrics stay open: probes and
+# scrapers send no key.
+KEYED_CONTROL_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
+assert KEYED_CONTROL_PATHS <= CONTROL_PATHS
 
 # All the probe port serves (settings.probe_port): the kubelet's probes (and Compose's healthcheck)
 # keep their own door, so clients holding every connection the main port allows cannot make a busy
