@@ -234,7 +234,7 @@ def _instruments(metrics: SidecarMetrics) -> dict[str, object]:
 
 def sidecar_metrics() -> list[dict]:
     metrics = SidecarMetrics()
-    metrics.set_phase(PHASES[0])  # what HealthState does at start: creates every phase's series
+    metrics.bind_phase(lambda: PHASES[0])  # what HealthState does at start: creates every phase's series
     metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
     wrappers = _instruments(metrics)
     families = []

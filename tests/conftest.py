@@ -25,6 +25,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="long variant: run with PALMYRA_LONG=1"))
 
 
+LOG_LINES_KEPT = 150
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test's report keeps the end of the logs of the processes it ran (sidecar, engine,
+    fake engine): a failure seen once in CI must be explainable from its report alone."""
+    report = yield
+    if report.failed:
+        for path in _process_logs(item):
+            lines = path.read_text(errors="replace").splitlines()[-LOG_LINES_KEPT:]
+            report.sections.append((f"log {path.name} (last {len(lines)} lines)", "\n".join(lines)))
+    return report
+
+
+def _process_logs(item: pytest.Item) -> list[Path]:
+    from helpers.procs import Server
+
+    found: dict[Path, None] = {}
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, Server):
+            found[value.log_path] = None
+        elif name == "log_dir" and isinstance(value, Path):
+            found.update(dict.fromkeys(sorted(value.glob("*.log"))))
+    return [p for p in found if p.is_file()]
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -16,16 +16,9 @@ import time
 import httpx
 
 from helpers.api import assert_openai_error, completion
+from helpers.api import metric_value as sample
 from helpers.load import ClosedLoop
 from helpers.waiting import wait_until
-
-
-def sample(client: httpx.Client, url: str, name: str) -> float:
-    """One series of the sidecar's /metrics page, by its full name and labels."""
-    for line in client.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not on the metrics page")
 
 
 def set_latency(client: httpx.Client, engine_url: str, first_s: float, token_s: float) -> None:

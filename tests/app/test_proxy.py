@@ -44,7 +44,7 @@ def test_stream_is_relayed_chunk_by_chunk_not_buffered(sidecar, client):
     assert spread > 0.9, f"chunks arrived within {spread:.3f} s: buffered"
 
 
-def test_upstream_error_body_passes_through_unchanged(sidecar, client):
+def test_an_engine_4xx_keeps_its_message_in_openai_shape(sidecar, client):
     resp = client.post(f"{sidecar.url}/v1/completions", json=completion("fake:error"))
     err = assert_openai_error(resp, 400)
     assert err == {"message": "bad sampling parameter", "type": "BadRequestError", "param": "temperature",

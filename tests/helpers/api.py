@@ -56,3 +56,11 @@ def raw_json_post(path: str, payload: dict, headers: dict[str, str] | None = Non
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def metric_value(client: httpx.Client, url: str, name: str) -> float:
+    """One series of a server's /metrics page, by its full name and labels."""
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not on the metrics page")

@@ -7,7 +7,10 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:hang"      accept and never answer
   "fake:garbage"   answer bytes that are not HTTP
   "fake:error"     400 with an OpenAI error body
+  "fake:leaky-500"    500 whose body holds a traceback with a token, with set-cookie, a CORS grant
+                      and an internal x- header (none of which may reach a client)
   "fake:slow"      stream chunks 0.3 s apart
+  "fake:fat-tokens"   stream tokens of 16 KiB each (a slow reader's buffers fill at once)
   "fake:tricky-sse"   a stream whose reads split the `data: ` marker and the usage event, whose
                       text contains "data: ", with two choices (n=2) and a usage report
   "fake:interim"      100 Continue and 103 Early Hints before the real (JSON) answer
@@ -21,7 +24,9 @@ POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang"
 "metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S, "generate_delay": S} changes the
 default behaviour (first/token delays: the latency of a normal stream, before its first chunk and
 between chunks, which the adaptive-admission tests turn up and down; generate_delay: every
-generation waits that long before answering at all); GET /fake/stats reports what it saw
+generation waits that long before answering at all; "one_write": true writes a whole stream, [DONE]
+included, in one write, as a fast engine or a coalescing network delivers it; "tokenize_delay_s": S,
+how long /tokenize takes); GET /fake/stats reports what it saw
 (aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S] [--generate-delay S]
 (--start-delay: listen only after S seconds, as an engine loading and compiling; --generate-delay:
@@ -38,13 +43,15 @@ import time
 from aiohttp import web
 
 STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0,
-         "generate_delay": 0.0}
+         "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0}
+LEAKED_SECRET = "sk-live-LEAKED-0123"  # in the leaky 500's body: a client must never see it
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
                 b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {}}
+STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {},
+         "tokenizing": 0, "tokenizing_max": 0}
 
 
 @web.middleware
@@ -56,11 +63,15 @@ async def record(request: web.Request, handler):
     return await handler(request)
 
 
-def _chunk(i: int, chat: bool) -> bytes:
+FAT_TOKEN_BYTES = 16384
+
+
+def _chunk(i: int, chat: bool, pad: int = 0) -> bytes:
+    text = f"t{i}".ljust(pad, "x")
     if chat:
-        payload = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+        payload = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
     else:
-        payload = {"object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}]}
+        payload = {"object": "text_completion", "choices": [{"index": 0, "text": text}]}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
@@ -131,6 +142,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if mode == "fake:fail":
         return web.json_response({"error": {"message": "engine core died", "type": "InternalServerError",
                                             "param": None, "code": 500}}, status=500)
+    if mode == "fake:leaky-500":
+        detail = f"Traceback (most recent call last):\n  File \"/srv/engine.py\"\nKeyError: api_key={LEAKED_SECRET}"
+        return web.json_response({"error": {"message": detail, "type": "InternalServerError", "param": None,
+                                            "code": 500}}, status=500,
+                                 headers={"set-cookie": "session=abc", "access-control-allow-origin": "*",
+                                          "x-engine-internal": "node-7"})
     if mode == "fake:error":
         return web.json_response({"error": {"message": "bad sampling parameter", "type": "BadRequestError",
                                             "param": "temperature", "code": 400}}, status=400)
@@ -182,20 +199,36 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         if STATE["first_delay_s"]:
             await asyncio.sleep(float(STATE["first_delay_s"]))
+        if STATE["one_write"]:
+            await resp.write(b"".join(_chunk(i, chat) for i in range(n)) + b"data: [DONE]\n\n")
+            n = 0
         for i in range(n):
             if mode == "fake:die" and i == 3:
                 request.transport.close()  # the engine vanishes mid-stream
                 return resp
-            await resp.write(_chunk(i, chat))
+            await resp.write(_chunk(i, chat, FAT_TOKEN_BYTES if mode == "fake:fat-tokens" else 0))
             if delay:
                 await asyncio.sleep(delay)
-        await resp.write(b"data: [DONE]\n\n")
+        if n:
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         STATS["completed"] += 1
     except (ConnectionResetError, asyncio.CancelledError):
         STATS["aborted"] += 1
         raise
     return resp
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """/tokenize and /detokenize: how many run at once is what the sidecar's gate bounds."""
+    await request.read()
+    STATS["tokenizing"] += 1
+    STATS["tokenizing_max"] = max(STATS["tokenizing_max"], STATS["tokenizing"])
+    try:
+        await asyncio.sleep(float(STATE["tokenize_delay_s"]))
+    finally:
+        STATS["tokenizing"] -= 1
+    return web.json_response({"count": 2, "max_model_len": 2048, "tokens": [1, 2]})
 
 
 def main() -> None:
@@ -210,6 +243,8 @@ def main() -> None:
     app.router.add_get("/metrics", engine_metrics)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", tokenize)
     app.router.add_get("/fake/stats", stats)
     app.router.add_post("/fake/control", control)
     web.run_app(app, host="127.0.0.1", port=port, print=None, handler_cancellation=True)

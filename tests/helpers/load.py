@@ -18,14 +18,19 @@ class ClosedLoop:
         self.url, self.body, self.timeout_s, self.pause_after_429_s = url, body, timeout_s, pause_after_429_s
         self.stop = threading.Event()
         self.statuses: list[int] = []
+        self.errors: list[str] = []  # transport errors (a response cut short, a reset), each recorded
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
     def _run(self) -> None:
         with httpx.Client(timeout=self.timeout_s) as client:
             while not self.stop.is_set():
-                with client.stream("POST", f"{self.url}/v1/completions", json=self.body) as resp:
-                    resp.read()
-                    self.statuses.append(resp.status_code)
+                try:
+                    with client.stream("POST", f"{self.url}/v1/completions", json=self.body) as resp:
+                        resp.read()
+                        self.statuses.append(resp.status_code)
+                except httpx.TransportError as exc:
+                    self.errors.append(repr(exc))
+                    continue
                 if resp.status_code == 429 and self.pause_after_429_s:
                     self.stop.wait(self.pause_after_429_s)
 

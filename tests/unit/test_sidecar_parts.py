@@ -130,7 +130,7 @@ def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reac
 
     shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
     assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {
-        "message": "bad", "type": "invalid_request_error", "param": "n", "code": 400}, "only OpenAI's four fields"
+        "message": "bad", "type": "BadRequestError", "param": "n", "code": 400}, "only OpenAI's four fields"
     for status, body, message in ((404, b'{"detail":"Not Found"}', "Not Found"),
                                   (401, b'{"error":"Unauthorized"}', "Unauthorized"),
                                   (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
@@ -205,3 +205,104 @@ def test_response_headers_are_an_allow_list_of_what_describes_the_body():
     headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
     assert headers == [(b"Content-Type", b"application/json"), (b"content-length", b"12"), (b"retry-after", b"3"),
                        (b"x-request-id", b"rid-1")]
+
+
+def test_ready_phase_agrees_with_the_verdict_on_the_page_and_the_metric():
+    from prometheus_client import generate_latest
+
+    clock = Clock()
+    metrics = SidecarMetrics()
+    h = HealthState(metrics, liveness_budget_s=30, clock=clock)
+    h.record_health(True, "ok")
+    h.set_phase("ready")
+    assert h.readiness()[1]["phase"] == "ready"
+    h.report_engine_failure("stream_interrupted")  # warmed up, but the engine just failed a stream
+    ready, body = h.readiness()
+    assert not ready and body["phase"] == "not_ready", "never 'ready' beside ready: false"
+    page = generate_latest(metrics.registry).decode()
+    assert 'palmyra_warmup_phase{phase="not_ready"} 1.0' in page
+    assert 'palmyra_warmup_phase{phase="ready"} 0.0' in page
+
+
+def test_the_sidecars_own_faults_turn_readiness_false_and_a_completed_request_clears_them():
+    from palmyra_serve.sidecar.health import SIDECAR_FAULT, SIDECAR_FAULT_HOLD_S, SIDECAR_FAULTS_NOT_READY
+
+    clock = Clock()
+    h = HealthState(SidecarMetrics(), liveness_budget_s=30, clock=clock)
+    h.record_health(True, "ok")
+    h.set_phase("ready")
+    for _ in range(SIDECAR_FAULTS_NOT_READY - 1):
+        h.report_sidecar_fault()
+    assert h.readiness()[0], "one fault is a request's bad luck, not a broken replica"
+    h.report_sidecar_fault()
+    ready, body = h.readiness()
+    assert not ready and body["relay_failure"] == SIDECAR_FAULT and body["phase"] == "not_ready"
+    clock.t += SIDECAR_FAULT_HOLD_S + 1
+    assert h.readiness()[0], "ready again after the hold: the next requests say whether it is still broken"
+    h.report_sidecar_fault()
+    assert not h.readiness()[0]
+    h.sidecar_faults_in_row = 0  # what the relay does when a request completes
+    assert h.readiness()[0]
+
+
+def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
+    import asyncio
+
+    from palmyra_serve.settings import Settings
+    from palmyra_serve.sidecar.admission import build_admission
+    from palmyra_serve.sidecar.auth import ApiKeys
+    from palmyra_serve.sidecar.proxy import Proxy
+
+    settings = Settings(auth_disabled=True)
+    metrics = SidecarMetrics()
+    health = HealthState(metrics, liveness_budget_s=30)
+    health.record_health(True, "ok")
+    health.set_phase("ready")
+    proxy = Proxy(settings, metrics, build_admission(settings), ApiKeys.from_settings(settings), health)
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug in the sidecar")
+
+    proxy._check_cost = broken  # type: ignore[method-assign]  # the injected fault
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b'{"prompt": "x"}', "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+    for _ in range(3):
+        asyncio.run(proxy(scope, receive, send))
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [500, 500, 500]
+    assert b"internal_error" in sent[1]["body"]
+    assert metrics.internal_errors._value.get() == 3
+    assert not health.readiness()[0]
+
+
+def test_a_fault_while_admission_learns_leaves_the_limit_and_frees_the_slot():
+    import asyncio
+
+    from palmyra_serve.sidecar.adaptive_admission import AdaptiveAdmission
+    from palmyra_serve.sidecar.concurrency_limit import ConcurrencyGate, LimitConfig
+
+    async def scenario() -> AdaptiveAdmission:
+        adm = AdaptiveAdmission(ConcurrencyGate(LimitConfig(initial_limit=4, min_samples=1, window_s=0), 16))
+        counted: list[int] = []
+        adm.on_fault = lambda: counted.append(1)
+
+        def broken() -> float:
+            raise ZeroDivisionError("an arithmetic bug")
+
+        adm.gate.limiter._next_limit = broken  # type: ignore[method-assign]  # the injected fault
+        for _ in range(5):
+            ticket = await adm.acquire()
+            adm.first_token(ticket)
+            adm.release(ticket, 0.01)
+        assert counted == [1] * 10
+        return adm
+
+    adm = asyncio.run(scenario())
+    assert adm.faults == 10 and adm.limit == 4 and adm.in_flight == 0

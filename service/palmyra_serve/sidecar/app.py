@@ -58,6 +58,7 @@ class SidecarState:
             self.admission.on_fault = metrics.admission_faults.inc
         validate_engine_key(settings.engine_api_key)  # AuthConfigError: serve() refuses to start
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
+        metrics.bodies_arriving.set_function(self.proxy.uploads_arriving)
         self.session: aiohttp.ClientSession | None = None
 
     async def drain(self) -> bool:

@@ -225,8 +225,10 @@ def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes
     except orjson.JSONDecodeError:
         payload = None
     error = payload.get("error") if isinstance(payload, dict) else None
+    kind: object = None
     if isinstance(error, dict):
         message, param, code = error.get("message"), error.get("param"), error.get("code", status)
+        kind = error.get("type")
     elif isinstance(payload, dict):
         message = payload.get("detail", error if error is not None else payload.get("message"))
         param, code = None, status
@@ -238,7 +240,7 @@ def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes
         {
             "error": {
                 "message": message[:MAX_CLIENT_MESSAGE] or reason,
-                "type": "invalid_request_error",
+                "type": kind if isinstance(kind, str) and 0 < len(kind) <= 64 else "invalid_request_error",
                 "param": param[:200] if isinstance(param, str) else None,
                 "code": code if isinstance(code, int | str) and not isinstance(code, bool) else status,
             }

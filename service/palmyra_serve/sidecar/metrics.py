@@ -77,6 +77,11 @@ class SidecarMetrics:
         )
         self.in_flight = Gauge("palmyra_in_flight_requests", "Requests currently relayed to the engine.", registry=r)
         self.queued = Gauge("palmyra_queued_requests", "Requests waiting for an admission slot.", registry=r)
+        self.bodies_arriving = Gauge(
+            "palmyra_request_bodies_arriving",
+            "Requests whose body is still arriving (slow uploads; each under the body deadline).",
+            registry=r,
+        )
         # What one replica admits to the engine at once (the adaptive limit, or max_in_flight in
         # fixed mode): the autoscaler divides demand by it (docs/autoscaling.md, docs/admission.md).
         self.concurrency_limit = Gauge(

@@ -317,6 +317,9 @@ class Proxy:
                 self._uploads.discard(uploading)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def uploads_arriving(self) -> int:
+        return len(self._uploads)
+
     def refuse_uploads(self) -> None:
         """Draining, with admission closed: a body still arriving would only be refused once it is
         complete (a slow upload could hold the process's exit for its whole body deadline), so it
@@ -356,6 +359,7 @@ class Proxy:
         target = RELAYED[scope["path"]].target  # the allow-list's canonical path, never the client's raw one
         if qs := scope.get("query_string"):
             target += b"?" + qs
+        learnt.sent_at = time.perf_counter()
         resp = await self._open(scope["method"], target, fwd, body, record)
         try:
             if resp.status >= 400:
@@ -409,7 +413,9 @@ class Proxy:
                 },
             )
         answer = errors.from_engine(resp.status, body, resp.reason or "error", rid)
-        headers = [(k, v) for k, v in _response_headers(resp, rid) if k not in (b"content-length", b"content-type")]
+        headers = [
+            (k, v) for k, v in _response_headers(resp, rid) if k.lower() not in (b"content-length", b"content-type")
+        ]
         headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
@@ -515,6 +521,10 @@ class Proxy:
             if itl is not None:
                 self.metrics.itl.labels(route).observe(itl)
             per_token = account.token_gap()
+            if per_token is None and (tokens := account.tokens_so_far()) >= 2:
+                # Every token came in one read (a fast engine, a coalescing network): the stream's
+                # whole time from the request's sending over its tokens bounds the gap from above.
+                per_token = (account.last_token - learnt.sent_at) / tokens
             if per_token is not None:
                 record["itl_ms"] = round(per_token * 1000, 3)
                 if learnt.client_paced:
@@ -560,13 +570,14 @@ class _Learnt:
     connection since the request started), and whether the engine failed it (then nothing is
     learnt: admission learns only from the engine's latency, and failures are health's to judge)."""
 
-    __slots__ = ("failed", "hook", "itl_s", "pauses")
+    __slots__ = ("failed", "hook", "itl_s", "pauses", "sent_at")
 
     def __init__(self, hook: DisconnectHook) -> None:
         self.hook = hook
         self.pauses = hook.write_pauses
         self.itl_s: float | None = None
         self.failed = False
+        self.sent_at = 0.0  # perf_counter when the request went to the engine
 
     @property
     def client_paced(self) -> bool:
