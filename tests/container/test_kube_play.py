@@ -430,8 +430,10 @@ def test_engine_is_reachable_only_inside_the_pod(kube_pod: KubePod) -> None:
         return  # no second address on this machine: the listener check above is the proof
     assert not _connects(outside, ENGINE_PORT), f"{outside}:{ENGINE_PORT} answers: the engine is reachable"
     assert http("GET", f"http://{outside}:{SIDECAR_PORT}/health/sidecar")[0] == 200
-    # /invocations generates text on vLLM without a key; through the sidecar it is a 404.
-    assert http("POST", f"http://{outside}:{SIDECAR_PORT}/invocations", {"prompt": "hi"})[0] == 404
+    # /invocations generates text on vLLM without a key; through the sidecar it is a 401 without a
+    # key (checked before any route is revealed) and a 404 with one.
+    assert http("POST", f"http://{outside}:{SIDECAR_PORT}/invocations", {"prompt": "hi"})[0] == 401
+    assert http("POST", f"http://{outside}:{SIDECAR_PORT}/invocations", {"prompt": "hi"}, api_key=CLIENT_KEY)[0] == 404
 
 
 def test_probes_by_hand_report_healthy(kube_pod: KubePod) -> None:

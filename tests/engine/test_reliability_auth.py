@@ -63,18 +63,22 @@ def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3, ok.text
         models = call(client, sidecar.url, "GET", "/v1/models", None, f"bearer {KEY_B}")
         assert models.status_code == 200  # the scheme is case-insensitive, the key is not
-        for path in ("/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics", "/openapi.json"):
+        for path in ("/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics"):
             assert client.get(f"{sidecar.url}{path}").status_code == 200, path
+        # The API document lists the routes: it asks for a key like them.
+        assert client.get(f"{sidecar.url}/openapi.json").status_code == 401
+        assert client.get(f"{sidecar.url}/openapi.json", headers={"Authorization": f"Bearer {KEY_A}"}).status_code == 200
         metrics = client.get(f"{sidecar.url}/metrics").text
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith('palmyra_rejections_total{reason="invalid_api_key"}'))
     assert counted == refused
-    # Off the allow-list is a 404 with or without a key: it never reaches the engine to ask.
+    # Off the allow-list: a 401 without a key (nothing about the routes is revealed before it), a
+    # 404 with one; it never reaches the engine either way.
     with plain_client(timeout=30) as client:
         for path in ("/v1/embeddings", "/v1/does-not-exist", "/invocations"):
-            for auth in (None, f"Bearer {KEY_A}"):
+            for auth, status, code in ((None, 401, "invalid_api_key"), (f"Bearer {KEY_A}", 404, "not_found")):
                 resp = call(client, sidecar.url, "POST", path, {"model": "palmyra-mini", "input": "hi"}, auth)
-                assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", (path, resp.text)
+                assert resp.status_code == status and resp.json()["error"]["code"] == code, (path, resp.text)
     figure("auth", refused_401=refused, routes=len(ROUTES), bad_credentials=len(BAD_AUTH), valid_keys_accepted=2)
 
 
