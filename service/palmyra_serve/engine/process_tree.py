@@ -13,12 +13,15 @@ Linux only (/proc, prctl); elsewhere nothing is found and nothing is adopted.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
 PR_SET_CHILD_SUBREAPER = 36
@@ -132,8 +135,10 @@ def end_all(
     children (a subreaper's adopted orphans), collected as they exit. Returns what is left (empty
     when everything went)."""
     _signal(find(), signal.SIGTERM)
-    left = _wait_gone(find, GRACE_S if grace_s is None else grace_s, reap)
+    grace = GRACE_S if grace_s is None else grace_s
+    left = _wait_gone(find, grace, reap)
     if left:
+        log.warning("processes %s still there %.1f s after SIGTERM: SIGKILL", " ".join(map(str, left)), grace)
         _signal(left, signal.SIGKILL)
         left = _wait_gone(lambda: _killing(find), KILL_WAIT_S if kill_wait_s is None else kill_wait_s, reap)
     return left
