@@ -28,7 +28,10 @@ from helpers.waiting import wait_until
 # The API server's stand-in. argv: pid file, then what to start and how to end. Children: `group`
 # stays in its process group and session and ignores SIGTERM (like the resource tracker),
 # `session` calls setsid and ignores SIGTERM, `polite` stays and honours SIGTERM (like the engine
-# core), `orphan` is a grandchild whose parent exits at once (re-parented) that lives 1 s.
+# core), `orphan` is a grandchild whose parent exits at once (re-parented) that lives 1 s,
+# `tracker` ignores SIGTERM and, like multiprocessing's resource tracker, cleans up and exits once
+# no process holds its pipe any more, `stuck` catches SIGTERM and does nothing (like an engine core
+# whose shutdown hangs).
 # Endings: `exit=N` exits with N once the children are up, `wait` waits to be killed, `term`
 # records a SIGTERM in the pid file and exits 0.
 DUMMY = textwrap.dedent("""
@@ -49,6 +52,25 @@ DUMMY = textwrap.dedent("""
 
     signal.signal(signal.SIGTERM, lambda *_: (note("TERM"), os._exit(0)) if "term" in args else os._exit(1))
     note(f"api_server {os.getpid()}")
+    if "tracker" in args:  # first: every later child holds the pipe, as vLLM's processes do
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while os.read(r, 1):
+                pass
+            note("cleaned")
+            os._exit(0)
+        os.close(r)
+        note(f"tracker {pid}")
+    if "stuck" in args:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, lambda *_: None)
+            while True:
+                time.sleep(3600)
+        note(f"stuck {pid}")
     for kind in ("group", "session", "polite"):
         if kind in args:
             pid = os.fork()
@@ -156,6 +178,18 @@ def test_sigterm_reaches_the_api_server_once_and_what_it_leaves_is_ended(engine)
     assert launcher.wait(timeout=30) == 0
     assert engine.lines().count("TERM") == 1
     assert not alive(children["group"])
+
+
+def test_a_resource_tracker_outlives_the_stuck_ones_long_enough_to_clean_up(engine):
+    """The engine core may hang in its shutdown after SIGTERM (seen mid-stream once its API server
+    was gone): it gets SIGKILL, but the tracker, which ignores SIGTERM on purpose, is left to see
+    its pipe close and unlink the shared memory before it exits; SIGKILLed together it could not."""
+    launcher = engine.start_launcher("tracker", "stuck", "wait")
+    children = engine.ready()
+    os.kill(children.pop("api_server"), signal.SIGKILL)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGKILL
+    assert "cleaned" in engine.lines()
+    assert [kind for kind, pid in children.items() if alive(pid)] == []
 
 
 def test_the_launcher_reaps_orphans_while_the_engine_runs(engine):

@@ -126,26 +126,44 @@ def _wait_gone(find: Callable[[], list[int]], timeout_s: float, reap: bool) -> l
         time.sleep(POLL_S)
 
 
+def ignores_sigterm(pid: int) -> bool:
+    """Whether the process set SIGTERM to be ignored (SIG_IGN, not a handler): multiprocessing's
+    resource tracker does, and exits by itself once every process that shares its pipe is gone."""
+    try:
+        status = (PROC / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    ignored = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(ignored, 16) & (1 << (signal.SIGTERM - 1)))
+
+
 def end_all(
     find: Callable[[], list[int]], grace_s: float | None = None, kill_wait_s: float | None = None, reap: bool = False
 ) -> list[int]:
-    """End every process `find` names: SIGTERM, up to `grace_s` for them to go, then SIGKILL for
-    whatever `find` still names, up to `kill_wait_s` for it to leave. `find` is asked again at
-    each step, so a process started meanwhile is ended too. `reap`: they are this process's
-    children (a subreaper's adopted orphans), collected as they exit. Returns what is left (empty
-    when everything went)."""
-    _signal(find(), signal.SIGTERM)
+    """End every process `find` names, and return what is left (empty when everything went).
+
+    SIGTERM, and up to `grace_s` for them to go. Then SIGKILL for those that do not ignore
+    SIGTERM, and one more `grace_s` for those that do: multiprocessing's resource tracker ignores
+    it and exits once the others are gone, after unlinking the shared memory they left in
+    /dev/shm (killed with them, it would leave that behind). Then SIGKILL for whatever `find`
+    still names, up to `kill_wait_s` for it to leave. `find` is asked again at each step, so a
+    process started meanwhile is ended too. `reap`: they are this process's children (a
+    subreaper's adopted orphans), collected as they exit.
+    """
     grace = GRACE_S if grace_s is None else grace_s
+    _signal(find(), signal.SIGTERM)
     left = _wait_gone(find, grace, reap)
+    if not left:
+        return left
+    log.warning("processes %s still there %.1f s after SIGTERM: SIGKILL", " ".join(map(str, left)), grace)
+    left = _wait_gone(lambda: _killing(find, spare=ignores_sigterm), grace, reap)
     if left:
-        log.warning("processes %s still there %.1f s after SIGTERM: SIGKILL", " ".join(map(str, left)), grace)
-        _signal(left, signal.SIGKILL)
         left = _wait_gone(lambda: _killing(find), KILL_WAIT_S if kill_wait_s is None else kill_wait_s, reap)
     return left
 
 
-def _killing(find: Callable[[], list[int]]) -> list[int]:
-    # Anything that appears after the SIGKILL (a fork in flight) gets one too.
+def _killing(find: Callable[[], list[int]], spare: Callable[[int], bool] = lambda _pid: False) -> list[int]:
+    # Asked at every poll: anything that appears after the SIGKILL (a fork in flight) gets one too.
     left = find()
-    _signal(left, signal.SIGKILL)
+    _signal([pid for pid in left if not spare(pid)], signal.SIGKILL)
     return left
