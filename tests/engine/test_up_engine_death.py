@@ -1,15 +1,15 @@
 """Nothing of a dead engine survives it under `palmyra-serve up`, whichever of its processes died.
 
 Regression for a fault run of the quick start: after vLLM's API server was SIGKILLed (idle or
-mid-stream) `up` restarted the engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS
-each on the full model) and a resource tracker lived on, re-parented to init, for as long as the
+mid-stream) `up` restarted the engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS per worker
+on the full model) and a resource tracker lived on, re-parented to init, for as long as the
 machine ran. Measured here before the fix with the tiny stand-in: EngineCore 805 MiB, Worker
 2046 MiB, tracker 12 MiB, still there after `up` itself stopped.
 
 One `up` run, one kill per engine start: the API server mid-stream, then the engine core idle,
 then a worker mid-stream, each on the engine the previous restart brought up. After each, once
 `up` says it restarted the engine, no process of the old engine's session or process groups may
-remain (structure, not a memory figure).
+remain, nor any of the /dev/shm segments its processes mapped (structure, not a memory figure).
 """
 
 from __future__ import annotations
@@ -122,9 +122,11 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
     for line in said:  # what the launcher found and did (ended leftovers, needed SIGKILL)
         if "engine processes behind" in line or "SIGKILL" in line:
             print(f"  launcher: {line.strip()}")
-    # Not asserted (memory, not processes): what the old engine's shared memory became.
-    print(f"  its /dev/shm segments: {len(segments)}, still there: {sorted(x for x in segments if Path(x).exists())}")
+    kept = sorted(x for x in segments if Path(x).exists())
+    print(f"  its /dev/shm segments: {len(segments)}, still there: {kept}")
     assert left == [], f"after the {target} was killed, processes of the old engine remain: {left}"
+    # Its shared memory too: the resource tracker unlinks it, if it is not killed before the others.
+    assert kept == [], f"after the {target} was killed, the old engine's shared memory remains"
     assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     if stream is not None:
         stream.join(30)
