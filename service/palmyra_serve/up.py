@@ -3,8 +3,9 @@ child process groups, show progress until /ready, print how to call it, and on C
 cleanly (sidecar drains first, then the engine), leaving no process behind.
 
 A dead engine is restarted with backoff, as the orchestrated deployments do (Kubernetes'
-restartPolicy, Compose's `restart:`), and the console says so; the sidecar stays up, loses
-readiness while the engine is gone and warms the new one up. A dead sidecar stops everything.
+restartPolicy, Compose's `restart:`), and the console says so, once nothing of the old engine's
+session is left; the sidecar stays up, loses readiness while the engine is gone and warms the new
+one up. A dead sidecar stops everything.
 """
 
 from __future__ import annotations
