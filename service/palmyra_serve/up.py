@@ -3,8 +3,9 @@ child process groups, show progress until /ready, print how to call it, and on C
 cleanly (sidecar drains first, then the engine), leaving no process behind.
 
 A dead engine is restarted with backoff, as the orchestrated deployments do (Kubernetes'
-restartPolicy, Compose's `restart:`), and the console says so; the sidecar stays up, loses
-readiness while the engine is gone and warms the new one up. A dead sidecar stops everything.
+restartPolicy, Compose's `restart:`), and the console says so, once nothing of the old engine's
+session is left; the sidecar stays up, loses readiness while the engine is gone and warms the new
+one up. A dead sidecar stops everything.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from palmyra_serve.engine import process_tree
 from palmyra_serve.engine.launcher import detect_platform
 from palmyra_serve.model.resolve import resolve
 from palmyra_serve.settings import Settings
@@ -60,20 +62,21 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def _stop(proc: subprocess.Popen, name: str, timeout_s: float) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _say(f"{name} did not stop in {timeout_s:.0f} s; killing it")
-    except ProcessLookupError:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group (workers, orphans)
-    except ProcessLookupError:
-        pass
+    """Stop a child started by _spawn and everything of its session, whether it is running, or
+    died and left processes behind (vLLM's engine core and workers outlive a killed API server,
+    and stay in the session: they never call setsid). Returns once none of them is left."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the launcher forwards it to vLLM, which drains
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _say(f"{name} did not stop in {timeout_s:.0f} s; killing it")
+        except ProcessLookupError:
+            pass
+    left = process_tree.end_all(lambda: process_tree.members(proc.pid))
     proc.wait()
+    if left:
+        _say(f"{name}: processes {' '.join(map(str, left))} of its session survived SIGKILL")
 
 
 def run_up(settings: Settings) -> int:
@@ -140,7 +143,8 @@ def run_up(settings: Settings) -> int:
                     f"{logs['engine']}:\n{_tail(logs['engine'])}"
                 )
                 _say(f"restarting the engine in {backoff:.0f} s (restart {restarts + 1}); the sidecar stays up")
-                _stop(engine, "engine", STOP_TIMEOUT_S)  # what is left of its group (engine-core workers)
+                # What is left of its session (engine core, workers), before the next one starts.
+                _stop(engine, "engine", STOP_TIMEOUT_S)
                 restart_at = now + backoff
                 backoff = min(backoff * 2, RESTART_MAX_S)
             if restart_at is not None and now >= restart_at:

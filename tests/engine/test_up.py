@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 
 import psutil
 
@@ -15,29 +13,9 @@ from helpers.api import HTTP
 from helpers.waiting import wait_until
 
 
-def engine_launcher(engine_port: int) -> psutil.Process:
-    """The `palmyra-serve engine` process `up` started (the head of the engine's process group)."""
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "engine" in cmd and "--port" in cmd and str(engine_port) in cmd and "palmyra_serve.cli" in cmd:
-            return p
-    raise AssertionError(f"no engine process on port {engine_port}")
-
-
 def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
-    port, engine_port = procs.free_port(), procs.free_port()
-    log_path = log_dir / "up.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([procs.PALMYRA, "up", "--port", str(port), "--engine-port", str(engine_port),
-                                 "--model", str(tiny_model_dir), "--max-model-len", "2048"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1",
-                                     "PALMYRA_UP_LOG_DIR": str(log_dir / "up-logs")})
-    try:
-        deadline = time.monotonic() + 420
-        while "is being served at" not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "up never became ready"
-            time.sleep(1)
+    with procs.up(tiny_model_dir, log_dir) as u:
+        proc, port, engine_port, log_path = u.proc, u.port, u.engine_port, u.log_path
         out = log_path.read_text()
         assert f"http://127.0.0.1:{port}" in out and "curl " in out
         # No key configured: the quick start, and only it, serves without auth, and says so.
@@ -51,17 +29,18 @@ def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_mod
         assert "Application startup complete" not in log_path.read_text(errors="replace")
 
         # The engine dies: `up` says so, restarts it with backoff, and the same sidecar serves again.
+        # The launcher's group holds the launcher alone (vLLM's API server has a group of its own),
+        # so what is left of vLLM is up's to end (tests/engine/test_up_engine_death.py checks that).
         sidecar_pid = next(c.pid for c in psutil.Process(proc.pid).children()
                            if "sidecar" in " ".join(c.cmdline()))
-        dead = engine_launcher(engine_port)
+        dead = u.engine_launcher()
         os.killpg(dead.pid, signal.SIGKILL)
 
-        def console() -> str:
-            return log_path.read_text(errors="replace")
+        console = u.console
         wait_until(lambda: "restarting the engine in" in console(), 30, "up to notice the dead engine")
         wait_until(lambda: "engine restarted (restart 1)" in console(), 30, "the engine restarted")
         wait_until(lambda: "ready again in " in console(), 420, "ready again after the restart", interval_s=1)
-        assert engine_launcher(engine_port).pid != dead.pid
+        assert u.engine_launcher().pid != dead.pid
         assert psutil.Process(sidecar_pid).is_running()  # the sidecar stayed up throughout
         # Readiness may dip again while the fresh engine settles on a busy machine (a slow /health
         # is a not-ready): wait for it rather than sample it once.
@@ -87,5 +66,3 @@ def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_mod
         # The terminal shows progress; the children's output went to the log files it named.
         assert "Application startup complete" in (log_dir / "up-logs" / "engine.log").read_text(errors="replace")
         assert "sidecar started" in (log_dir / "up-logs" / "sidecar.log").read_text()
-    finally:
-        procs.stop(proc, signal.SIGKILL, 5)

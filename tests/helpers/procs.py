@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 VENV_BIN = Path(sys.executable).parent
 PALMYRA = str(VENV_BIN / "palmyra-serve")
 
@@ -154,3 +156,69 @@ def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None
         yield Server(url=url, proc=proc, log_path=log_path, port=port)
     finally:
         stop(proc, timeout_s=5)
+
+
+@dataclass
+class Up:
+    """A running `palmyra-serve up`: its console log, its ports, the processes it started."""
+    proc: subprocess.Popen
+    port: int
+    engine_port: int
+    log_path: Path
+    logs: Path  # PALMYRA_UP_LOG_DIR: engine.log, sidecar.log
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def console(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def engine_launcher(self) -> psutil.Process:
+        """The `palmyra-serve engine` process `up` started (the leader of the engine's session)."""
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "engine" in cmd and "--port" in cmd and str(self.engine_port) in cmd and "palmyra_serve.cli" in cmd:
+                return p
+        raise AssertionError(f"no engine process on port {self.engine_port}")
+
+
+def _end_sessions(sessions: set[int]) -> None:
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(p.pid) in sessions:
+                p.kill()
+
+
+@contextlib.contextmanager
+def up(model_dir: Path, log_dir: Path, name: str = "up", timeout_s: float = 420.0) -> Iterator[Up]:
+    """`palmyra-serve up` serving model_dir (keys off, 1 GiB of KV cache), once it says it is served.
+    On the way out it is stopped with SIGINT if still running, then anything of its children's
+    sessions that is left is killed: a failing test leaks no engine into the next."""
+    port, engine_port = free_port(), free_port()
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([PALMYRA, "up", "--port", str(port), "--engine-port", str(engine_port),
+                                 "--model", str(model_dir), "--max-model-len", "2048"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1",
+                                     "PALMYRA_UP_LOG_DIR": str(log_dir / f"{name}-logs")})
+    u = Up(proc=proc, port=port, engine_port=engine_port, log_path=log_path, logs=log_dir / f"{name}-logs")
+    sessions: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while "is being served at" not in u.console():
+            assert proc.poll() is None, u.console()[-3000:]
+            assert time.monotonic() < deadline, "up never became ready"
+            time.sleep(1)
+        yield u
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                sessions = {c.pid for c in psutil.Process(proc.pid).children()}
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                stop(proc, signal.SIGKILL, 5)
+        _end_sessions(sessions)

@@ -530,6 +530,23 @@ def test_entrypoint_without_cann_is_a_plain_exec_on_cpu(tmp_path: Path) -> None:
     assert run_entrypoint({"PALMYRA_ASCEND_ROOT": str(tmp_path)}).returncode == 2
 
 
+@pytest.mark.parametrize("target", ENGINE_TARGETS)
+def test_the_launcher_is_pid_1_of_the_engine_container(dockerfile: Dockerfile, target: str, tmp_path: Path) -> None:
+    """No init in between: the runtime starts the entrypoint as PID 1 and it execs the launcher,
+    which then forwards the runtime's signals to vLLM, adopts and reaps the orphans of the
+    container, and ends what is left of a dead engine before it exits (and with PID 1, the kernel
+    ends the container's whole PID namespace). tests/unit/test_engine_leftovers.py tests that."""
+    stage = dockerfile.stages[target]
+    assert stage.last("ENTRYPOINT").exec_form() == ["/opt/palmyra/bin/engine-entrypoint.sh"]
+    assert stage.last("CMD").exec_form()[:2] == ["palmyra-serve", "engine"]
+    # The entrypoint replaces itself with the command: same pid, so PID 1 in a container.
+    proc = subprocess.Popen(["bash", str(REPO / "docker" / "engine-entrypoint.sh"), "sh", "-c", "echo $$"],
+                            env={"PATH": os.environ["PATH"], "PALMYRA_ASCEND_ROOT": str(tmp_path)},
+                            stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert int(out) == proc.pid
+
+
 def test_entrypoint_preloads_jemalloc_only_when_present(tmp_path: Path) -> None:
     env = {"PALMYRA_ASCEND_ROOT": str(tmp_path), "PALMYRA_PRELOAD_JEMALLOC": "1", "LD_PRELOAD": ""}
     result = run_entrypoint(env, "sh", "-c", 'echo "[$LD_PRELOAD]"')

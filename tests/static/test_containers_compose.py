@@ -381,6 +381,18 @@ def test_engine_commands_match_the_image(services: dict[str, Any]) -> None:
         assert services[name]["command"] == LOOPBACK_ENGINE_CMD
 
 
+def test_the_engine_container_runs_the_launcher_as_pid_1(services: dict[str, Any]) -> None:
+    """The image's entrypoint and its exec'd launcher are PID 1 of a PID namespace of the engine's
+    own (only the network namespace is shared with `pod`): no init (`init: true` would put
+    docker-init first), no entrypoint override, no shared `pid:` namespace. The launcher ends a
+    dead engine's leftovers before it exits, and its exit ends the namespace."""
+    for name in ("engine", "engine-cpu"):
+        service = services[name]
+        assert not service.get("init"), name
+        assert "entrypoint" not in service and "pid" not in service, name
+        assert service["command"][:2] == ["palmyra-serve", "engine"], name
+
+
 def test_paths_and_env_agree_with_the_dockerfile(compose: dict[str, Any], services: dict[str, Any]) -> None:
     df = parse_dockerfile((REPO / "Dockerfile").read_text())
     assert {"models", "cache"} <= set(compose["volumes"])

@@ -282,6 +282,18 @@ def test_two_regular_containers_and_the_launcher_commands(overlay):
     assert sidecar["image"].split("/")[-1] == "palmyra-serve-sidecar:latest"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_is_pid_1_of_the_engine_container(overlay):
+    """Each container its own PID namespace: the engine image's entrypoint execs the launcher as
+    its PID 1 (the image's ENTRYPOINT kept: `args`, not `command`), which ends a dead engine's
+    leftovers and reaps orphans; a shared process namespace would make the pause process PID 1
+    and let the sidecar see the engine's processes."""
+    spec = pod_spec(render(overlay))
+    assert not spec.get("shareProcessNamespace")
+    engine = container(spec, "engine")
+    assert "command" not in engine and engine["args"][:2] == ["palmyra-serve", "engine"]
+
+
 def _env(c: dict) -> dict[str, dict]:
     return {e["name"]: e for e in c.get("env", [])}
 

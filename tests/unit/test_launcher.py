@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-import signal
+import subprocess
 import sys
 
 import pytest
@@ -84,7 +84,9 @@ def test_a_placeholder_engine_key_is_refused_before_anything_starts(tmp_path, mo
     """The compose/*.env files once shipped change-me-engine-key: the engine refuses it (and any
     key the sidecar's placeholder rule refuses), whether it comes from PALMYRA_ENGINE_API_KEY
     (the launcher sets VLLM_API_KEY from it) or as VLLM_API_KEY directly (Compose, Kubernetes)."""
-    monkeypatch.setattr(signal, "signal", lambda *_: None)  # run() installs forwarders; keep pytest's
+    # The command runs plainly: supervising it (a subreaper reaping every child) is for a launcher
+    # that is a process of its own (tests/unit/test_engine_leftovers.py), not for pytest's.
+    monkeypatch.setattr(launcher, "supervise", lambda argv, env: subprocess.run(argv, env=env).returncode)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     marker = tmp_path / "started"
 

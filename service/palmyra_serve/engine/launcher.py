@@ -1,8 +1,9 @@
 """Launch the real vLLM OpenAI server for the detected platform, as a child process.
 
-The same command runs natively, in the engine containers and in the Kubernetes pod. Building
-the argv and environment is a pure function (tested without vLLM); running it forwards SIGTERM
-and SIGINT to the child and exits with the child's status.
+The same command runs natively, in the engine containers (as PID 1) and in the Kubernetes pod.
+Building the argv and environment is a pure function (tested without vLLM); running it forwards
+SIGTERM, SIGINT and SIGHUP to the child, ends whatever of the engine outlived the child, and exits
+with the child's status.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from palmyra_serve.engine import process_tree
 from palmyra_serve.settings import Settings, engine_key_refusal
 
 log = logging.getLogger(__name__)
@@ -129,14 +131,70 @@ def run(cmd: EngineCommand) -> int:
         return 2
     log.info("starting vLLM (%s): %s", cmd.platform, cmd.redacted())
     ensure_tmpdir(env)
-    child = subprocess.Popen(cmd.argv, env=env)
+    return supervise(cmd.argv, env)
 
-    def forward(signum: int, _frame: object) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    code = child.wait()
+def supervise(argv: list[str], env: dict[str, str]) -> int:
+    """Run argv (vLLM's API server) as a child until it exits, forwarding termination signals to
+    it; then end every process of the engine it left behind; return its status as a shell would.
+
+    vLLM's engine core and workers outlive an API server that was killed (re-parented, holding the
+    model's memory). So the launcher adopts its descendants' orphans (a child subreaper; in a
+    container it is PID 1 and adopts them anyway), reaps whatever of them exits while the engine
+    runs (as PID 1 must, or zombies pile up), and, once the API server is gone, ends what is left
+    before it returns: nothing of a dead engine outlives its launcher.
+
+    The API server gets a process group of its own, so the launcher can end that group without
+    ending itself, and a signal reaches vLLM once, through the launcher, as in a container, where
+    the runtime signals PID 1 alone (vLLM then stops its engine core itself, after its drain).
+    """
+    was_subreaper = process_tree.set_subreaper(True)
+    try:
+        child = subprocess.Popen(argv, env=env, process_group=0)
+
+        def forward(signum: int, _frame: object) -> None:
+            # os.kill, not send_signal: that polls, and could reap the child under _wait_reaping.
+            if child.returncode is None:
+                os.kill(child.pid, signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
+        code = _wait_reaping(child)
+        _end_leftovers(child.pid, code)
+    finally:
+        if not was_subreaper:
+            process_tree.set_subreaper(False)
     # A negative code means the child died of a signal: report it the way a shell would.
     return 128 - code if code < 0 else code
+
+
+def _wait_reaping(child: subprocess.Popen) -> int:
+    """Wait for the child and collect every adopted orphan that exits meanwhile."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # a forwarded signal interrupts and resumes it (PEP 475)
+        except ChildProcessError:  # reaped elsewhere: nothing more to learn about it
+            return child.wait()
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return child.returncode
+
+
+def _leftovers(group: int) -> list[int]:
+    # Below the launcher (orphans it adopted included), or still in the API server's group.
+    return sorted(set(process_tree.descendants(os.getpid())) | set(process_tree.members(group)))
+
+
+def _end_leftovers(group: int, code: int) -> None:
+    stray = _leftovers(group)
+    if not stray:
+        return
+    log.warning(
+        "vLLM's API server exited (%s) and left %d engine processes behind (%s): ending them",
+        code,
+        len(stray),
+        " ".join(map(str, stray)),
+    )
+    left = process_tree.end_all(lambda: _leftovers(group), reap=True)
+    if left:
+        log.error("engine processes %s survived SIGKILL for %.0f s", " ".join(map(str, left)), process_tree.KILL_WAIT_S)

@@ -1,0 +1,153 @@
+"""Nothing of a dead engine survives it under `palmyra-serve up`, whichever of its processes died.
+
+Regression for a fault run of the quick start: after vLLM's API server was SIGKILLed (idle or
+mid-stream) `up` restarted the engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS per worker
+on the full model) and a resource tracker lived on, re-parented to init, for as long as the
+machine ran. Measured here before the fix with the tiny stand-in: EngineCore 805 MiB, Worker
+2046 MiB, tracker 12 MiB, still there after `up` itself stopped.
+
+One `up` run, one kill per engine start: the API server mid-stream, then the engine core idle,
+then a worker mid-stream, each on the engine the previous restart brought up. After each, once
+`up` says it restarted the engine, no process of the old engine's session or process groups may
+remain, nor any of the /dev/shm segments its processes mapped (structure, not a memory figure).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from helpers import procs
+from helpers.api import HTTP, completion, plain_client
+from helpers.waiting import wait_until
+
+# vLLM names its processes: the engine core and the workers by process title (/proc/<pid>/comm
+# keeps 15 characters of it), the API server by its module on the command line.
+KINDS = {
+    "api_server": lambda p: "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline()),
+    "engine_core": lambda p: p.name().startswith("VLLM::EngineCor"),
+    "worker": lambda p: p.name().startswith("VLLM::Worker"),
+}
+# (what dies, whether a stream is in flight when it does)
+KILLS = (("api_server", True), ("engine_core", False), ("worker", True))
+
+
+def engine_processes(launcher: psutil.Process) -> dict[str, psutil.Process] | None:
+    """The launcher's vLLM processes by kind, once all three exist."""
+    found: dict[str, psutil.Process] = {}
+    for p in launcher.children(recursive=True):
+        for kind, is_kind in KINDS.items():
+            try:
+                if is_kind(p):
+                    found.setdefault(kind, p)
+            except psutil.Error:
+                pass
+    return found if len(found) == len(KINDS) else None
+
+
+def of_engine(sid: int, groups: set[int]) -> list[str]:
+    """Live processes in the old engine's session or in one of its process groups."""
+    left = []
+    for p in psutil.process_iter(["name", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and (os.getsid(p.pid) == sid or os.getpgid(p.pid) in groups):
+                left.append(f"{p.pid} {p.info['name']} rss={p.memory_info().rss // 2**20} MiB")
+        except (psutil.Error, OSError):  # gone meanwhile
+            pass
+    return left
+
+
+def shared_memory(pids: set[int]) -> set[str]:
+    """The /dev/shm segments these processes map (vLLM's message queues between its processes)."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        found |= {line.split()[-1] for line in maps.splitlines() if " /dev/shm/" in line}
+    return found
+
+
+class Stream(threading.Thread):
+    """A long streamed completion through the sidecar; `started` is set at its first bytes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.started = url, threading.Event()
+
+    def run(self) -> None:
+        body = completion("Tell me a long story", max_tokens=1500, stream=True, ignore_eos=True)
+        try:
+            with plain_client(timeout=120) as client, \
+                    client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+                for _ in resp.iter_bytes():
+                    self.started.set()
+        except httpx.HTTPError:
+            pass  # the engine died under it: that is the point
+
+
+def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> None:
+    """Kill the current engine's `target`, wait for `up` to restart the engine, and check that
+    nothing of the old one remains."""
+    launcher = u.engine_launcher()
+    vllm = wait_until(lambda: engine_processes(launcher), 60, "the engine's three vLLM processes")
+    sid, groups = os.getsid(launcher.pid), {os.getpgid(p.pid) for p in (launcher, *vllm.values())}
+    assert sid == launcher.pid  # up starts each engine in a session of its own
+    tree = {launcher.pid} | {c.pid for c in launcher.children(recursive=True)}
+    segments = shared_memory(tree)
+    stream = None
+    if mid_stream:
+        stream = Stream(u.url)
+        stream.start()
+        assert stream.started.wait(60), "the stream never started"
+    victim = vllm[target]
+    engine_log = u.logs / "engine.log"
+    seen = engine_log.stat().st_size
+    t_kill = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    wait_until(lambda: f"engine restarted (restart {restart})" in u.console(), 90,
+               f"up to restart the engine after its {target} was killed", interval_s=0.2)
+    took = time.monotonic() - t_kill
+    left = of_engine(sid, groups)
+    print(f"{target} killed {'mid-stream' if mid_stream else 'idle'} (pid {victim.pid}); up restarted the engine "
+          f"{took:.1f} s later; left of the old engine (session {sid}, groups {sorted(groups)}): {left or 'nothing'}")
+    said = engine_log.read_bytes()[seen:].decode(errors="replace").splitlines()
+    for line in said:  # what the launcher found and did (ended leftovers, needed SIGKILL)
+        if "engine processes behind" in line or "SIGKILL" in line:
+            print(f"  launcher: {line.strip()}")
+    kept = sorted(x for x in segments if Path(x).exists())
+    print(f"  its /dev/shm segments: {len(segments)}, still there: {kept}")
+    assert left == [], f"after the {target} was killed, processes of the old engine remain: {left}"
+    # Its shared memory too: the resource tracker unlinks it, if it is not killed before the others.
+    assert kept == [], f"after the {target} was killed, the old engine's shared memory remains"
+    assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    if stream is not None:
+        stream.join(30)
+        assert not stream.is_alive(), "the stream outlived its engine"
+
+
+def wait_ready_again(u: procs.Up, restarts: int) -> None:
+    t0 = time.monotonic()
+    wait_until(lambda: u.console().count("ready again in ") >= restarts, 420, "ready again after the restart",
+               interval_s=1)
+    wait_until(lambda: HTTP.get(f"{u.url}/ready", timeout=5).status_code == 200, 120,
+               "/ready true after the restart", interval_s=0.5)
+    print(f"  ready again {time.monotonic() - t0:.0f} s later")
+
+
+def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(tiny_model_dir, log_dir):
+    t0 = time.monotonic()
+    with procs.up(tiny_model_dir, log_dir, name="up-death") as u:
+        print(f"\nup ready in {time.monotonic() - t0:.0f} s")
+        for restart, (target, mid_stream) in enumerate(KILLS, start=1):
+            if restart > 1:
+                wait_ready_again(u, restart - 1)
+            kill_and_check(u, restart, target, mid_stream)
+    print(f"test wall time {time.monotonic() - t0:.0f} s")
