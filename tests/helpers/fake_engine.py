@@ -18,11 +18,14 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
 POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
-"metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S, "generate_delay": S} changes the
+"metrics": "ok"|"huge"|"fail", "metrics_bytes": N, "first_delay_s": S, "token_delay_s": S, "generate_delay": S}
+changes the
 default behaviour (first/token delays: the latency of a normal stream, before its first chunk and
 between chunks, which the adaptive-admission tests turn up and down; generate_delay: every
-generation waits that long before answering at all); GET /fake/stats reports what it saw
-(aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
+generation waits that long before answering at all; metrics_bytes: GET /metrics renders a page of
+about N bytes whose first series, fake_rendered_at_seconds, is the wall-clock time it was rendered at;
+0: the small page); GET /fake/stats reports what it saw (aborted streams, request ids, `metrics_renders`:
+how many /metrics pages it rendered). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S] [--generate-delay S]
 (--start-delay: listen only after S seconds, as an engine loading and compiling; --generate-delay:
 every generation waits S seconds first, as a cold engine's first requests do.)
@@ -37,14 +40,15 @@ import time
 
 from aiohttp import web
 
-STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0,
-         "generate_delay": 0.0}
+STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "metrics_bytes": 0, "first_delay_s": 0.0,
+         "token_delay_s": 0.0, "generate_delay": 0.0}
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
                 b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {}}
+STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {},
+         "metrics_renders": 0}
 
 
 @web.middleware
@@ -83,9 +87,14 @@ def _tricky_stream() -> list[bytes]:
 
 
 async def engine_metrics(_: web.Request) -> web.Response:
+    STATS["metrics_renders"] += 1
     if STATE["metrics"] == "fail":
         return web.Response(status=500, text="metrics broke")
-    body = METRICS_PAGE * (200_000 if STATE["metrics"] == "huge" else 1)
+    if STATE["metrics_bytes"]:
+        stamp = b"fake_rendered_at_seconds %.6f\n" % time.time()
+        body = stamp + METRICS_PAGE * max(0, (int(STATE["metrics_bytes"]) - len(stamp)) // len(METRICS_PAGE))
+    else:
+        body = METRICS_PAGE * (200_000 if STATE["metrics"] == "huge" else 1)
     return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 
