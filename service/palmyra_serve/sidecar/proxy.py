@@ -24,7 +24,7 @@ from palmyra_serve.sidecar.admission import AdmissionControl, Draining, Refused,
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.concurrency_limit import Outcome
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
-from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.json_usage import UsageScanner
 from palmyra_serve.sidecar.memory_budget import body_budget
@@ -152,6 +152,7 @@ class Proxy:
                 raise _reject(self.metrics, errors.method_not_allowed(scope["method"], path, entry.allow))
             if not self.keys.check(auth):
                 raise _reject(self.metrics, errors.unauthorized())
+            mark_authenticated(scope)  # its connection is no longer anonymous (front_end.py)
             if self.admission.draining:
                 raise _reject(self.metrics, errors.draining(self.settings.retry_after_s))
             body = await self._read_body(receive, clen)
