@@ -3,7 +3,9 @@ the FAKE engine. Each test regresses one way around the edge's limits that worke
 - a chunked body's trailer (or its chunk extensions) streamed past the head limits: a 101 MiB
   trailer was relayed (RSS 61 -> 264 MB, 8.5 s of CPU, /health/sidecar 4.4 s late with three);
 - the connection cap held by anonymous peers: 20 connections sending GET /health/sidecar every
-  26 s kept every keyed client at 503.
+  26 s kept every keyed client at 503;
+- /engine/metrics relayed per request: 40 concurrent GETs of a 15.6 MB page, no key, took the
+  RSS from 63 to 887 MB, one engine render each.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from helpers.api import completion
 from helpers.edge import MIB, RssPeak, busy_connection, counter, header_of, read_response, rejections, status_of
 from helpers.waiting import wait_until
+from palmyra_serve.sidecar.engine_metrics import MAX_AGE_S, PAGE_COPIES, READ_GRACE_S
 
 KEY = "sk-edge-bypass-key-0123456789abcdef"
 
@@ -288,3 +291,106 @@ def test_near_the_cap_anonymous_answers_close_their_connection(engine, sidecar_f
         finally:
             for s in [far, *held]:
                 s.close()
+
+
+def trickle_read(port: int, before: bytes, for_s: float) -> tuple[float, int]:
+    """GET /engine/metrics (after `before`, answered first) read 8 KiB every 50 ms through a 4 KiB
+    receive buffer: no stall as long as a 2 s write timeout. (seconds until cut or for_s, bytes read)"""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.settimeout(5)
+    if before:
+        s.sendall(before)
+        assert status_of(read_response(s)) == 200
+    s.sendall(b"GET /engine/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    t0 = time.monotonic()
+    got = 0
+    try:
+        while (chunk := s.recv(8192)) and time.monotonic() - t0 < for_s:
+            got += len(chunk)
+            time.sleep(0.05)
+    except ConnectionResetError:
+        pass
+    took = time.monotonic() - t0
+    s.close()
+    return took, got
+
+
+def test_an_anonymous_reader_cannot_hold_a_connection_by_reading_a_little_at_a_time(engine, sidecar_factory, client):
+    client.post(f"{engine.url}/fake/control", json={"metrics_bytes": 4_000_000})
+    with sidecar_factory(engine.url, PALMYRA_WRITE_TIMEOUT_S="2") as sc:
+        anonymous = trickle_read(sc.port, b"", 8)
+        # The same reader on a connection that carried a relayed request (auth is off here: every
+        # relayed request passes the key check) keeps the per-stall deadline.
+        known = trickle_read(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 4)
+    print(f"trickle reader of a 4 MB page: anonymous cut after {anonymous[0]:.1f} s ({anonymous[1] / 1024:.0f} KiB "
+          f"read); after a relayed request still reading at {known[0]:.1f} s ({known[1] / 1024:.0f} KiB)")
+    assert anonymous[0] < 6 and anonymous[1] < 4_000_000
+    assert known[0] >= 4 and known[1] > anonymous[1]
+
+
+# --- /engine/metrics -----------------------------------------------------------------------------
+
+def age_at_first_byte(url: str, out: list) -> None:
+    """GET /engine/metrics; the age of the page when its first bytes arrived, its status and size."""
+    with httpx.Client(timeout=60) as c, c.stream("GET", f"{url}/engine/metrics") as resp:
+        age, size = None, 0
+        for chunk in resp.iter_raw():
+            if age is None:
+                first = chunk.split(b"\n", 1)[0].split()
+                age = time.time() - float(first[1]) if first and first[0] == b"fake_rendered_at_seconds" else None
+            size += len(chunk)
+    out.append((resp.status_code, size, age))
+
+
+def renders(client, engine) -> int:
+    return client.get(f"{engine.url}/fake/stats").json()["metrics_renders"]
+
+
+def test_engine_metrics_cost_one_render_per_interval_whatever_the_request_rate(engine, sidecar_factory, client):
+    size = 15_600_000  # the issue's page, under the 16 MiB cap
+    client.post(f"{engine.url}/fake/control", json={"metrics_bytes": size})
+    with sidecar_factory(engine.url) as sc:
+        before = renders(client, engine)
+        results: list = []
+        with RssPeak(sc.proc.pid) as rss:
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=age_at_first_byte, args=(sc.url, results)) for _ in range(40)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            took = time.monotonic() - t0
+        burst_renders = renders(client, engine) - before
+        ages = [age for _, _, age in results]
+        print(f"40 concurrent GETs of a {size / 1e6:.1f} MB page: {len(results)} answered in {took:.2f} s, "
+              f"{burst_renders} engine renders; peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; "
+              f"page age at first byte max {max(ages):.3f} s")
+        assert len(results) == 40
+        assert all(status == 200 and size - 200 < n <= size for status, n, _ in results), results[:3]
+        assert burst_renders <= took / MAX_AGE_S + 1  # it was one per request
+        # The copies the budget counts (sidecar/memory_budget.py) and the allocator's slack; the
+        # attack took +824 MB, one page and its pieces per request.
+        assert rss.growth_mb < PAGE_COPIES * size / MIB + 32
+        # Never older than the picker's staleness threshold, even with readers this slow.
+        assert max(ages) < MAX_AGE_S + READ_GRACE_S + 0.5 < 2
+
+        # A scraper like the endpoint picker, every 50 ms: pages at most the interval (plus a
+        # fetch) old, one render per interval.
+        client.post(f"{engine.url}/fake/control", json={"metrics_bytes": 2000})
+        polled: list = []
+        before = renders(client, engine)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2:
+            age_at_first_byte(sc.url, polled)
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        polled_renders = renders(client, engine) - before
+        fresh = [age for _, _, age in polled if age is not None]
+        print(f"polled every 50 ms for {took:.1f} s: {len(polled)} pages, {polled_renders} renders, "
+              f"age max {max(fresh):.3f} s, median {statistics.median(fresh):.3f} s")
+        assert len(fresh) >= len(polled) - 2  # the first may still be the big page's
+        assert max(fresh) < MAX_AGE_S + 0.1
+        assert polled_renders <= took / MAX_AGE_S + 2
+
