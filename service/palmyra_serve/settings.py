@@ -146,8 +146,9 @@ class Settings(BaseSettings):
     # --- sidecar: front end (bounds on what a client connection may cost) ----------------
     max_connections: int = Field(
         384,
-        description="Open client connections (in flight + queued + 64 spare for probes and idle keep-alive); beyond "
-        "it a new one gets a canned 503 and is closed at once.",
+        description="Open client connections (in flight + queued + 64 spare for probes and idle keep-alive); at it "
+        "a new one takes the place of the one idle the longest (never-authenticated ones first), and with none "
+        "idle gets a canned 503 and is closed at once.",
     )
     max_request_line_bytes: int = Field(
         8 * 1024, description="Longest request line (method, target, version); longer is 414."

@@ -9,14 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from helpers import procs
 from helpers.api import assert_openai_error, completion
+from helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
 from helpers.waiting import wait_until
-
-MIB = 1024 * 1024
-
 
 # warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
 ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
@@ -27,35 +24,6 @@ def leaked(client, engine, marker: str) -> list[str]:
     stats = client.get(f"{engine.url}/fake/stats").json()
     return ([p for p in stats["paths"] if p not in ALLOWED_UPSTREAM]
             + [r for r in stats["request_ids"] if r and r.startswith(marker)])
-
-
-def rejections(client, sc, reason: str) -> float:
-    for line in client.get(f"{sc.url}/metrics").text.splitlines():
-        if line.startswith(f'palmyra_rejections_total{{reason="{reason}"}}'):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def raw_exchange(port: int, request: bytes, timeout: float = 5.0) -> bytes:
-    """Send bytes as they are (no client normalizes the path), read until the server closes or stops."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(request)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-                if b"\r\n\r\n" in out:
-                    head, _, body = out.partition(b"\r\n\r\n")
-                    length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
-                    if length and len(body) >= length[0]:
-                        break
-        except (ConnectionResetError, TimeoutError):
-            pass
-    return out
-
-
-def status_of(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1])
 
 
 # --- the allow-list ---------------------------------------------------------------------------
@@ -131,18 +99,6 @@ def test_upgrade_is_refused_and_the_connection_closed(sidecar, engine, client):
 # --- the bounded front end -------------------------------------------------------------------
 
 def test_a_200_mib_header_gets_431_in_a_second_without_growing_memory(sidecar, client):
-    proc = psutil.Process(sidecar.proc.pid)
-    before = proc.memory_info().rss
-    peak = [before]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     line = b"X-Big: " + b"a" * (200 * MIB) + b"\r\n"
     sock = socket.create_connection(("127.0.0.1", sidecar.port), timeout=10)
     sent = [0]
@@ -156,29 +112,27 @@ def test_a_200_mib_header_gets_431_in_a_second_without_growing_memory(sidecar, c
         except OSError:
             pass  # the server closed after answering
 
-    t0 = time.monotonic()
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    answer = b""
-    try:
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-    except ConnectionResetError:
-        pass
-    took = time.monotonic() - t0
-    sock.close()
-    sender.join(timeout=10)
-    stop.set()
-    sampler.join()
-    growth = (peak[0] - before) / MIB
+    with RssPeak(sidecar.proc.pid) as rss:
+        t0 = time.monotonic()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        took = time.monotonic() - t0
+        sock.close()
+        sender.join(timeout=10)
     print(f"200 MiB header: {status_of(answer) if answer else None} after {took:.3f} s, "
-          f"{sent[0] / MIB:.1f} MiB sent by then, peak RSS growth {growth:.1f} MB")
+          f"{sent[0] / MIB:.1f} MiB sent by then, peak RSS growth {rss.growth_mb:.1f} MB")
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert took < 1.0
-    assert growth < 20
+    assert rss.growth_mb < 20
     assert client.get(f"{sidecar.url}/health/sidecar").status_code == 200
     assert rejections(client, sidecar, "header_too_large") == 1
 
@@ -227,8 +181,10 @@ def test_slow_headers_are_closed_within_ten_seconds(sidecar, client):
 
 
 def test_connection_cap_refuses_cheaply(engine, sidecar_factory, client):
+    # Every connection in the middle of a request: none can make room (an idle one would:
+    # tests/app/test_edge_bypasses.py).
     with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4") as sc:
-        held = [socket.create_connection(("127.0.0.1", sc.port)) for _ in range(4)]
+        held = [busy_connection(sc.port) for _ in range(4)]
         try:
             wait_until(lambda: status_of(raw_exchange(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
                        timeout_s=3, what="the fifth connection refused")
@@ -247,7 +203,7 @@ def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, s
     probe port serves nothing else and has a cap of its own."""
     probe_port = procs.free_port()
     with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4", PALMYRA_PROBE_PORT=str(probe_port)) as sc:
-        held = [socket.create_connection(("127.0.0.1", sc.port)) for _ in range(4)]
+        held = [busy_connection(sc.port) for _ in range(4)]
         try:
             wait_until(lambda: status_of(raw_exchange(sc.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
                        timeout_s=3, what="the client port full: even /health refused there")

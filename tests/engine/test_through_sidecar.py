@@ -139,12 +139,14 @@ def test_engine_metrics_are_served_unchanged_on_the_sidecar_port(sidecar_server,
     def names(page: str) -> set[str]:
         return {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line and line[0] != "#"}
 
+    direct = HTTP.get(f"{engine_server.url}/metrics", timeout=10)  # the text format
     for accept in (None, "application/openmetrics-text; version=1.0.0"):
         headers = {"Accept": accept} if accept else {}
-        direct = HTTP.get(f"{engine_server.url}/metrics", headers=headers, timeout=10)
         relayed = HTTP.get(f"{sidecar_server.url}/engine/metrics", headers=headers, timeout=10)  # no key
         assert relayed.status_code == direct.status_code == 200
+        # One copy serves every client (sidecar/engine_metrics.py): the text format, whatever is asked.
         assert relayed.headers["content-type"] == direct.headers["content-type"]
+        assert "content-encoding" not in relayed.headers
         # Counters move between the two scrapes; the series on the page are the same.
         assert names(relayed.text) == names(direct.text)
         for series in ENGINE_SERIES:

@@ -21,13 +21,16 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
 POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
-"metrics": "ok"|"huge"|"fail", "first_delay_s": S, "token_delay_s": S, "generate_delay": S} changes the
+"metrics": "ok"|"huge"|"fail", "metrics_bytes": N, "first_delay_s": S, "token_delay_s": S, "generate_delay": S}
+changes the
 default behaviour (first/token delays: the latency of a normal stream, before its first chunk and
 between chunks, which the adaptive-admission tests turn up and down; generate_delay: every
 generation waits that long before answering at all; "one_write": true writes a whole stream, [DONE]
 included, in one write, as a fast engine or a coalescing network delivers it; "tokenize_delay_s": S,
-how long /tokenize takes); GET /fake/stats reports what it saw
-(aborted streams, request ids). GET /metrics is a small Prometheus page in vLLM's names.
+how long /tokenize takes; metrics_bytes: GET /metrics renders a page of about N bytes whose first
+series, fake_rendered_at_seconds, is the wall-clock time it was rendered at; 0: the small page);
+GET /fake/stats reports what it saw (aborted streams, request ids, `metrics_renders`: how many
+/metrics pages it rendered). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S] [--generate-delay S]
 (--start-delay: listen only after S seconds, as an engine loading and compiling; --generate-delay:
 every generation waits S seconds first, as a cold engine's first requests do.)
@@ -42,8 +45,8 @@ import time
 
 from aiohttp import web
 
-STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "first_delay_s": 0.0, "token_delay_s": 0.0,
-         "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0}
+STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "metrics_bytes": 0, "first_delay_s": 0.0,
+         "token_delay_s": 0.0, "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0}
 LEAKED_SECRET = "sk-live-LEAKED-0123"  # in the leaky 500's body: a client must never see it
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
@@ -51,7 +54,7 @@ METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model e
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {},
-         "tokenizing": 0, "tokenizing_max": 0}
+         "tokenizing": 0, "tokenizing_max": 0, "metrics_renders": 0}
 
 
 @web.middleware
@@ -94,9 +97,14 @@ def _tricky_stream() -> list[bytes]:
 
 
 async def engine_metrics(_: web.Request) -> web.Response:
+    STATS["metrics_renders"] += 1
     if STATE["metrics"] == "fail":
         return web.Response(status=500, text="metrics broke")
-    body = METRICS_PAGE * (200_000 if STATE["metrics"] == "huge" else 1)
+    if STATE["metrics_bytes"]:
+        stamp = b"fake_rendered_at_seconds %.6f\n" % time.time()
+        body = stamp + METRICS_PAGE * max(0, (int(STATE["metrics_bytes"]) - len(stamp)) // len(METRICS_PAGE))
+    else:
+        body = METRICS_PAGE * (200_000 if STATE["metrics"] == "huge" else 1)
     return web.Response(body=body, headers={"Content-Type": METRICS_TYPE})
 
 

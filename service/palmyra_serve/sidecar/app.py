@@ -17,15 +17,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar import engine_metrics, errors
 from palmyra_serve.sidecar.admission import AdaptiveAdmission, build_admission, learn_ceiling
 from palmyra_serve.sidecar.auth import ApiKeys, validate_engine_key
+from palmyra_serve.sidecar.engine_metrics import EngineMetricsCache, PageResponse, engine_fetch
 from palmyra_serve.sidecar.engine_pool import EnginePool
 from palmyra_serve.sidecar.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.metrics import SidecarMetrics
@@ -37,9 +38,10 @@ from palmyra_serve.sidecar.warmup import Supervisor
 
 log = logging.getLogger("palmyra.sidecar")
 
-# /engine/metrics: under Prometheus' default scrape timeout (10 s); a vLLM page is some hundred KiB.
-ENGINE_METRICS_TIMEOUT_S = 5.0
-ENGINE_METRICS_MAX_BYTES = 16 * 1024 * 1024
+# The engine's page as adaptive admission reads it at start (its ceiling): the same bounds as
+# /engine/metrics (engine_metrics.py).
+ENGINE_METRICS_TIMEOUT_S = engine_metrics.FETCH_TIMEOUT_S
+ENGINE_METRICS_MAX_BYTES = engine_metrics.MAX_PAGE_BYTES
 
 
 class SidecarState:
@@ -60,6 +62,7 @@ class SidecarState:
         self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
         metrics.bodies_arriving.set_function(self.proxy.uploads_arriving)
         self.session: aiohttp.ClientSession | None = None
+        self.engine_metrics: EngineMetricsCache | None = None  # set by the lifespan, with the session
 
     async def drain(self) -> bool:
         """Turn not-ready, keep serving for the propagation delay, then refuse (503 + Retry-After)
@@ -168,6 +171,7 @@ def create_app(
         state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
         state.proxy.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
         engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
+        state.engine_metrics = EngineMetricsCache(engine_fetch(engine), settings.retry_after_s)
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
             asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
@@ -214,36 +218,14 @@ def create_app(
     async def metrics_page() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @control.get("/engine/metrics", summary="The engine's own Prometheus metrics, relayed unchanged")
-    async def engine_metrics(request: Request) -> Response:
-        # No key, like /metrics: it is what Prometheus and a load-aware router scrape. The engine
-        # itself listens where only this sidecar reaches it.
-        assert state.session is not None
-        engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
-        asked = {name: value for name in ("Accept", "Accept-Encoding") if (value := request.headers.get(name))}
-        try:
-            page = await engine.metrics(asked, ENGINE_METRICS_TIMEOUT_S, ENGINE_METRICS_MAX_BYTES)
-        except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge) as exc:
-            code = (
-                errors.ENGINE_TIMEOUT
-                if isinstance(exc, TimeoutError)
-                else errors.BAD_UPSTREAM
-                if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError)
-                else errors.ENGINE_UNAVAILABLE
-            )
-            log.warning("engine metrics unavailable", extra={"fields": {"error": code, "detail": str(exc)[:300]}})
-            failure = errors.upstream(code, settings.retry_after_s)
-            # 503 for every failure here: to a scraper the page is simply not there right now.
-            return Response(
-                failure.body(),
-                status_code=503,
-                media_type="application/json",
-                headers={"Retry-After": str(settings.retry_after_s)},
-            )
-        headers = {"Content-Type": page.content_type}
-        if page.content_encoding:
-            headers["Content-Encoding"] = page.content_encoding
-        return Response(page.body, status_code=page.status, headers=headers)
+    @control.get("/engine/metrics", summary="The engine's own Prometheus metrics, from a copy refreshed every 200 ms")
+    async def engine_metrics_page() -> Response:
+        # No key, like /metrics: it is what Prometheus and the Inference Extension's endpoint
+        # picker scrape, and the picker cannot send one. Its cost does not grow with the request
+        # rate: one engine render per interval at most, its copies in the memory budget
+        # (engine_metrics.py). The engine itself listens where only this sidecar reaches it.
+        assert state.engine_metrics is not None
+        return PageResponse(await state.engine_metrics.page())
 
     add_proxied_routes(control)
     return SidecarApp(control, state)

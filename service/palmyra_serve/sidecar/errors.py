@@ -343,6 +343,17 @@ def header_too_large(limit: int) -> ApiError:
     )
 
 
+def chunk_framing_too_large(limit: int) -> ApiError:
+    """A chunked body's trailer fields, or chunk lines padded with extensions: counted against
+    the header limits (front_end.py), and the same code as an oversized head."""
+    return ApiError(
+        431,
+        f"A chunked body's trailer fields or chunk extensions exceed {limit} bytes or the header count limit.",
+        "invalid_request_error",
+        "header_too_large",
+    )
+
+
 def request_line_too_long(limit: int) -> ApiError:
     return ApiError(414, f"The request line exceeds {limit} bytes.", "invalid_request_error", "uri_too_long")
 

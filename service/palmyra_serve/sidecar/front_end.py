@@ -6,13 +6,28 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
   before they reach the parser; past max_header_bytes (or max_header_count fields, or a request
   line over max_request_line_bytes) the client gets 431 (414) at once and the parser never
   sees the rest.
+- Chunk framing and trailers: httptools joins a trailer field's pieces as they arrive too, and
+  chunk-size lines and extensions are bytes that are not body data. Past the head, the bytes
+  fed to the parser are counted: whatever is not body data, beyond CHUNK_LINE_ALLOWANCE per chunk,
+  counts against max_header_bytes (431 beyond), and trailer fields against max_header_count;
+  trailer fields are then dropped (RFC 9110 6.5.1 lets a recipient discard them; nothing here
+  reads them). A 101 MiB trailer was relayed after 8.5 s of CPU and 200 MB of RSS.
 - Head time: a client sending a header line every 5 s held its connection forever. The head must
   arrive within header_timeout_s of the connection opening (or of its first byte, for the next
   request on a kept-alive connection).
-- Connections: beyond max_connections a new connection gets a canned 503 and is closed at once,
-  before any parsing. Connections to the probe port (settings.probe_port, which serves only the
-  probes: app.py) are not counted there but against their own PROBE_MAX_CONNECTIONS, so clients
-  holding every client connection cannot fail the kubelet's probes (and get the pod restarted).
+- Connections: at max_connections a new connection takes the place of an idle one (between
+  requests; a connection in the middle of a request is never touched): first the one idle the
+  longest among those that never carried an authenticated request, then among the others (a
+  client reconnects; a gateway's idle pooled connection is as cheap to close). With none idle,
+  it gets a canned 503 and is closed at once, before any parsing. Counting who asks, not where
+  from, works both for clients that connect directly and behind a gateway whose connections all
+  come from one address. Past CLOSE_ANONYMOUS_AT of the cap, a request on a connection that
+  never authenticated is answered with `Connection: close` (unless that very request
+  authenticates), and an unauthenticated response must be written within write_timeout_s of
+  its first stall, so anonymous peers hold nothing past their answer. Connections to the probe
+  port (settings.probe_port, which serves only the probes: app.py) are not counted there but
+  against their own PROBE_MAX_CONNECTIONS, so clients holding every client connection cannot
+  fail the kubelet's probes (and get the pod restarted).
 - A client that goes away: the relay hears it from connection_lost (DisconnectHook), not from a
   task per request parked in receive().
 - A client that stops reading: with the kernel's unsent queue kept small (TCP_NOTSENT_LOWAT),
@@ -32,7 +47,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import httptools
@@ -48,6 +64,11 @@ LINGER_S = 2.0
 # healthcheck need a handful. Beyond this, a probe connection is refused like any other.
 PROBE_MAX_CONNECTIONS = 16
 NOTSENT_LOWAT = 16 * 1024
+# A chunk-size line in hex (up to 16 digits), its CRLF and the CRLF after the data: framing that
+# costs nothing extra. Beyond it (extensions, padding, trailers) a body's framing is counted.
+CHUNK_LINE_ALLOWANCE = 32
+# The share of max_connections past which anonymous requests do not keep their connection.
+CLOSE_ANONYMOUS_AT = 0.75
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
 
 
@@ -56,20 +77,44 @@ DISCONNECT_HOOK = "palmyra.disconnect_hook"
 
 
 class DisconnectHook:
-    """How the relay learns at once that its client went away. uvicorn tells an app only through
+    """A connection as the app sees it (scope[DISCONNECT_HOOK]), one per connection.
+
+    How the relay learns at once that its client went away: uvicorn tells an app only through
     receive(), so hearing it while relaying took a task per request parked in receive(); instead
-    the connection calls `on_disconnect` from connection_lost. One per connection: uvicorn runs a
-    connection's (pipelined) requests one after the other, so one relay at most has it set."""
+    the connection calls `on_disconnect` from connection_lost. uvicorn runs a connection's
+    (pipelined) requests one after the other, so one relay at most has it set.
+    Also what the front end knows of the connection's requests: `authenticated` once one of them
+    passed the key check (mark_authenticated), which decides what may be closed at the cap."""
 
-    __slots__ = ("lost", "on_disconnect", "write_pauses")
+    __slots__ = ("_abort", "_reopen", "authenticated", "lost", "on_disconnect", "write_pauses")
 
-    def __init__(self) -> None:
+    def __init__(self, abort: Callable[[], None] | None = None) -> None:
         self.lost = False  # the connection is gone (also before any relay registered)
         self.on_disconnect: Callable[[], None] | None = None
         # Times the client's transport paused writing (its client read slower than the relay
         # wrote): a stream relayed across a pause was paced by its client, not by the engine, so
         # admission learns no inter-token gap from it (proxy.py).
         self.write_pauses = 0
+        self.authenticated = False
+        self._abort = abort
+        self._reopen: Any = None  # the uvicorn cycle whose keep-alive the front end turned off
+
+    def abort(self) -> None:
+        """Drop the connection now (what an app cannot do through ASGI)."""
+        if not self.lost and self._abort is not None:
+            self._abort()
+
+
+def mark_authenticated(scope: MutableMapping[str, Any]) -> None:
+    """The request of `scope` passed the key check: its connection is no longer anonymous, and
+    keeps its keep-alive if the front end had taken it away from an anonymous request."""
+    hook = scope.get(DISCONNECT_HOOK)
+    if hook is None:
+        return
+    hook.authenticated = True
+    if hook._reopen is not None:
+        hook._reopen.keep_alive = True
+        hook._reopen = None
 
 
 def raw_response(exc: errors.ApiError) -> bytes:
@@ -94,6 +139,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     max_connections: int
     probe_port: int
     probe_connections: int = 0  # open on the probe port; per protocol class (one per server)
+    reclaiming: int = 0  # closed to make room but not yet gone
+    # Client-port connections between requests, idle the longest first; per protocol class.
+    idle_anonymous: OrderedDict[BoundedHttpToolsProtocol, None]
+    idle_authenticated: OrderedDict[BoundedHttpToolsProtocol, None]
+    close_anonymous_at: int
     max_head: int
     max_line: int
     max_fields: int
@@ -101,6 +151,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     write_timeout_s: float
     busy: bytes
     head_too_large: errors.ApiError
+    framing_too_large: errors.ApiError
     line_too_long: errors.ApiError
     upgrade: errors.ApiError
     header_timeout: errors.ApiError
@@ -119,7 +170,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._probe = False
-        self._disconnect_hook = DisconnectHook()
+        self._disconnect_hook = DisconnectHook(self._abort)
+        # Past the head: what of the bytes fed is not body data, beyond CHUNK_LINE_ALLOWANCE a chunk.
+        self._framing = 0
+        self._body_seen = 0
+        self._chunks = 0
+        self._messages = 0
+        self._reading_body = False  # a request's head was passed on and its body is still coming
+        self._reclaimed = False
 
     # --- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -128,7 +186,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._probe:
             full = cls.probe_connections >= PROBE_MAX_CONNECTIONS
         else:
-            full = len(self.connections) - cls.probe_connections >= self.max_connections
+            full = self._open_here() >= self.max_connections and not self._reclaim_one()
         if full:
             # Refused before anything is parsed or allocated: one write, one close.
             self.transport = transport
@@ -141,6 +199,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._probe:
             cls.probe_connections += 1
         super().connection_made(transport)
+        self._set_idle()
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -159,6 +218,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._probe:
             self._probe = False
             type(self).probe_connections -= 1
+        self._forget()
+        if self._reclaimed:
+            self._reclaimed = False
+            type(self).reclaiming -= 1
         super().connection_lost(exc)
         hook = self._disconnect_hook
         hook.lost = True
@@ -167,26 +230,36 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # --- input -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self._discarding:
-            return
-        if self._in_head:
-            room = self.max_head - self._head_bytes
-            if len(data) > room:
-                # Feed only what fits; if the head is still not complete the rest is never parsed.
-                if room > 0:
-                    self._head_bytes += room
-                    self._feed(data[:room])
-                if self._discarding or self.transport.is_closing():
-                    return
-                if self._in_head:
-                    self._refuse(self._refusal or self.head_too_large)
-                    return
-                self.data_received(data[room:])
+        view = memoryview(data)
+        while view and not self._discarding:
+            # Fed in pieces that fit what is left of the limit: a head, or a body's framing, never
+            # reaches the parser beyond it (the parser joins a field's pieces as they come).
+            head = self._in_head
+            room = self.max_head - (self._head_bytes if head else self._framing)
+            if room <= 0:
+                self._refuse(self._refusal or (self.head_too_large if head else self.framing_too_large))
                 return
-            self._head_bytes += len(data)
-        self._feed(data)
+            piece, view = view[:room], view[room:]
+            if head:
+                self._head_bytes += len(piece)
+                self._feed(piece)
+            else:
+                self._feed_body(piece)
+            if self.transport.is_closing():
+                return
 
-    def _feed(self, data: bytes) -> None:
+    def _feed_body(self, piece: memoryview) -> None:
+        """A piece read past the head: what of it is not body data (chunk-size lines, extensions,
+        trailer fields) counts against the limit, less CHUNK_LINE_ALLOWANCE per chunk; allowance
+        left over is not banked (as Go's net/http counts a chunked body's overhead)."""
+        body, chunks, messages = self._body_seen, self._chunks, self._messages
+        self._feed(piece)
+        if self._messages != messages:
+            return  # the message ended in this piece: the next one's count starts from its head
+        overhead = len(piece) - (self._body_seen - body) - CHUNK_LINE_ALLOWANCE * (self._chunks - chunks)
+        self._framing = max(0, self._framing + overhead)
+
+    def _feed(self, data: bytes | memoryview) -> None:
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -216,6 +289,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields += 1
+        if not self._in_head:
+            # A trailer field of a chunked body: counted like a header field, then dropped
+            # (uvicorn would append it to the scope's headers, after the app has read them).
+            if self._fields > self.max_fields:
+                self._refusal = self._refusal or self.framing_too_large
+            return
         if self._fields > self.max_fields:
             self._refusal = self._refusal or self.head_too_large
             return
@@ -231,12 +310,39 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
         if self._refusal is not None:
             return  # no request is started; _feed answers once the parser returns
-        self.scope[DISCONNECT_HOOK] = self._disconnect_hook  # type: ignore[literal-required]
+        self._framing = 0
+        self._forget()  # a request in progress: never closed to make room
+        hook = self._disconnect_hook
+        self.scope[DISCONNECT_HOOK] = hook  # type: ignore[literal-required]
         super().on_headers_complete()
+        self._reading_body = True
+        cycle = self.cycle
+        if not hook.authenticated and cycle.keep_alive and self._open_here() >= self.close_anonymous_at:
+            # Near the cap an anonymous request does not keep its connection (mark_authenticated
+            # gives it back if this request passes the key check).
+            cycle.keep_alive = False
+            hook._reopen = cycle
+        else:
+            hook._reopen = None
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
+        super().on_body(body)
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
 
     def on_message_complete(self) -> None:
+        if self._refusal is not None and not self._in_head:
+            # Its head or its trailers went over the limits: _feed refuses it once the parser
+            # returns, and the app (if one reads it) never sees the body end.
+            return
         self._in_head = True
         self._message_done = True
+        self._reading_body = False
+        self._messages += 1
+        self._fields = 0  # trailer fields counted against this message, not the next head
+        self._framing = 0
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -245,7 +351,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # will read, and do not reset the connection under the client's response either.
             self._linger()
             return
+        pipelined = bool(self.pipeline)
         super().on_response_complete()
+        if not pipelined and not self.transport.is_closing():
+            self._set_idle()
 
     # --- output ------------------------------------------------------------------------------
     def pause_writing(self) -> None:
@@ -255,13 +364,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._write_timer = self.loop.call_later(self.write_timeout_s, self._on_write_timeout)
 
     def resume_writing(self) -> None:
-        if self._write_timer is not None:
+        if self._write_timer is not None and (self._disconnect_hook.authenticated or not self._responding()):
+            # An anonymous response keeps the deadline of its first stall to its end: reading
+            # a little now and then does not let an unauthenticated peer hold the connection.
             self._write_timer.cancel()
             self._write_timer = None
         super().resume_writing()
 
+    def _responding(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
     # --- refusals and timers -----------------------------------------------------------------
     def _refuse(self, exc: errors.ApiError) -> None:
+        if self._reading_body and not self.cycle.response_started:
+            self._refuse_body(exc)
+            return
         self._count(exc)
         if self.cycle is not None and not self.cycle.response_complete:
             # A pipelined head went wrong while the previous response is still being sent: let
@@ -272,8 +389,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(raw_response(exc))
         self._linger()
 
+    def _refuse_body(self, exc: errors.ApiError) -> None:
+        """The body being read went wrong (its framing): the app still reading it hears a
+        disconnect, and whatever it sends is dropped; it counts the request itself (499), this
+        counts why. The refusal is written now, unless the response before it is still going out:
+        then this request never runs, and the connection ends after that response."""
+        if self.metrics is not None:
+            self.metrics.rejections.labels(exc.code).inc()
+        cycle = self.cycle
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._reading_body = False
+        queued = [entry for entry in self.pipeline if entry[0] is cycle]
+        if queued:
+            self.pipeline.remove(queued[0])
+            self._discarding = True  # on_response_complete lingers: this message never ended
+            self._forget()
+            return
+        self.transport.write(raw_response(exc))
+        self._linger()
+
     def _linger(self) -> None:
         self._discarding = True
+        self._forget()
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -299,6 +437,54 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.metrics.rejections.labels(self.write_timeout.code).inc()
         self.transport.abort()  # connection_lost: the app sees a disconnect and cancels the relay
 
+    # --- the connection cap ---------------------------------------------------------------------
+    def _open_here(self) -> int:
+        """Open client-port connections, less those already closing to make room."""
+        cls = type(self)
+        return len(self.connections) - cls.probe_connections - cls.reclaiming
+
+    def _set_idle(self) -> None:
+        """Between requests: may be closed to make room, the longest idle first."""
+        if self._probe or self._reclaimed:
+            return
+        cls = type(self)
+        idle = cls.idle_authenticated if self._disconnect_hook.authenticated else cls.idle_anonymous
+        idle[self] = None
+        idle.move_to_end(self)
+
+    def _forget(self) -> None:
+        cls = type(self)
+        cls.idle_anonymous.pop(self, None)
+        cls.idle_authenticated.pop(self, None)
+
+    def _reclaim_one(self) -> bool:
+        """Close the connection idle the longest, anonymous ones first, to make room for this one."""
+        cls = type(self)
+        for kind, idle in (("anonymous", cls.idle_anonymous), ("authenticated", cls.idle_authenticated)):
+            if idle:
+                victim, _ = idle.popitem(last=False)
+                victim._reclaim()
+                if self.metrics is not None:
+                    self.metrics.connections_reclaimed.labels(kind).inc()
+                return True
+        return False
+
+    def _reclaim(self) -> None:
+        type(self).reclaiming += 1
+        self._reclaimed = True
+        self._discarding = True
+        transport = self.transport
+        if transport.get_write_buffer_size():
+            transport.abort()  # an answer nobody reads would keep it open: no room is made
+            return
+        if self._head_bytes:
+            transport.write(self.busy)  # a head on its way: the client is told why, not reset
+        transport.close()
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
     def _count(self, exc: errors.ApiError) -> None:
         if self.metrics is not None:
             self.metrics.rejections.labels(exc.code).inc()
@@ -312,10 +498,13 @@ def _local_port(transport: asyncio.Transport) -> int | None:
 
 def bounded_protocol(settings: Settings, metrics: SidecarMetrics | None) -> type[BoundedHttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, with these settings' limits."""
-    attrs = {
+    attrs: dict[str, Any] = {
         "settings": settings,
         "metrics": metrics,
         "max_connections": settings.max_connections,
+        "close_anonymous_at": max(1, int(settings.max_connections * CLOSE_ANONYMOUS_AT)),
+        "idle_anonymous": OrderedDict(),
+        "idle_authenticated": OrderedDict(),
         "probe_port": settings.probe_port,
         "max_head": settings.max_header_bytes,
         "max_line": settings.max_request_line_bytes,
@@ -324,6 +513,7 @@ def bounded_protocol(settings: Settings, metrics: SidecarMetrics | None) -> type
         "write_timeout_s": settings.write_timeout_s,
         "busy": raw_response(errors.too_many_connections(settings.retry_after_s)),
         "head_too_large": errors.header_too_large(settings.max_header_bytes),
+        "framing_too_large": errors.chunk_framing_too_large(settings.max_header_bytes),
         "line_too_long": errors.request_line_too_long(settings.max_request_line_bytes),
         "upgrade": errors.upgrade_refused(),
         "header_timeout": errors.header_timeout(settings.header_timeout_s),

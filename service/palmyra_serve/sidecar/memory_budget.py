@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission import max_num_seqs
+from palmyra_serve.sidecar.engine_metrics import MAX_PAGE_BYTES, PAGE_COPIES
 from palmyra_serve.sidecar.engine_pool import HIGH_WATER, RCVBUF_CHARGED, READ_BYTES
 from palmyra_serve.sidecar.errors import MAX_ERROR_BODY
 from palmyra_serve.sidecar.front_end import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
@@ -53,6 +54,11 @@ ERROR_PATH_BYTES = CHUNK_BYTES + 3 * MAX_ERROR_BODY + CLIENT_WRITE_HIGH_WATER
 # work on a read (joining it to the unfinished event, parsing its events) is synchronous: one at
 # a time, in the parse term.
 ACCOUNTING_BYTES = max(MAX_EVENT_BYTES, MAX_USAGE_BYTES + MAX_GAP_BYTES)
+# The largest page the control app writes whole into a connection's write buffer: the sidecar's
+# /metrics with a series for every route and every status an engine can answer (about 290 KiB;
+# 28 KiB at rest), /openapi.json (26 KiB). /engine/metrics is written in slices, less than this.
+# tests/unit/test_edge_front_parts.py measures them. A relaying connection's buffers are larger.
+CONTROL_PAGE_BYTES = 384 * KIB
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,12 @@ def relays(settings: Settings) -> int:
 def connections(settings: Settings) -> int:
     """Client connections open at once: the cap, plus the probe port's own when it is on."""
     return settings.max_connections + (PROBE_MAX_CONNECTIONS if settings.probe_port else 0)
+
+
+def non_relaying(settings: Settings) -> int:
+    """Client connections not counted among the relays (fixed mode), each of which may be writing a
+    control page. The probe port's write only the probes' small answers (in the connection term)."""
+    return settings.max_connections - relays(settings)
 
 
 def body_budget(settings: Settings) -> int:
@@ -125,6 +137,16 @@ def terms(settings: Settings) -> list[Term]:
             "accounting: in flight x (SSE event being assembled, or usage scanner)",
             in_flight(settings),
             ACCOUNTING_BYTES,
+        ),
+        Term(
+            "control pages being written: connections beyond the relays x largest control page",
+            non_relaying(settings),
+            CONTROL_PAGE_BYTES,
+        ),
+        Term(
+            "the engine's metrics page: served, the one before it, a fetch (counted twice: it grows)",
+            PAGE_COPIES,
+            MAX_PAGE_BYTES,
         ),
     ]
 

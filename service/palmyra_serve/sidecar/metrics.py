@@ -24,6 +24,7 @@ ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
 # are the `code` of the error the client got.
 REJECTION_REASONS = errors.REJECTION_CODES
 UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
+RECLAIMED_KINDS = ("anonymous", "authenticated")
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
 # The phases of a start-up to ready (warmup.py): their sum is the time to ready.
 STARTUP_PHASES = ("engine_up", "warmup")
@@ -116,6 +117,14 @@ class SidecarMetrics:
             "Requests the sidecar's own code failed (a bug to report); several in a row turn the replica not ready.",
             registry=r,
         )
+        # The connection cap (front_end.py): idle connections closed to admit a new one.
+        self.connections_reclaimed = Counter(
+            "palmyra_connections_reclaimed",
+            "Idle client connections closed at the connection cap to admit a new one, by whether one of their"
+            " requests had passed the key check.",
+            ["kind"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "palmyra_upstream_errors", "Failures talking to the engine, by kind (the error code).", ["kind"], registry=r
         )
@@ -167,6 +176,8 @@ class SidecarMetrics:
             self.rejections.labels(reason)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(kind)
+        for kind in RECLAIMED_KINDS:
+            self.connections_reclaimed.labels(kind)
         for outcome in ("success", "failure"):
             self.warmup_runs.labels(outcome)
         self._request_children: dict[tuple[str, int], Counter] = {}

@@ -24,7 +24,7 @@ from palmyra_serve.sidecar.access_log import AccessLog
 from palmyra_serve.sidecar.admission import Admission, AdmissionControl, Draining, Refused, Ticket
 from palmyra_serve.sidecar.auth import ApiKeys
 from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
-from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
 from palmyra_serve.sidecar.health import HealthState
 from palmyra_serve.sidecar.json_usage import UsageScanner
 from palmyra_serve.sidecar.memory_budget import body_budget
@@ -151,6 +151,7 @@ class Proxy:
             # The key first: without one, nothing about the routes is revealed (no 404 or 405).
             if not self.keys.check(auth):
                 raise _reject(self.metrics, errors.unauthorized())
+            mark_authenticated(scope)  # its connection is no longer anonymous (front_end.py)
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
             if scope["method"] not in entry.methods:

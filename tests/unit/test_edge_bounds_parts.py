@@ -1,0 +1,172 @@
+"""The parts behind the edge's bounds, in isolation: the engine-metrics copy (one fetch at a time,
+at most one per interval, what it keeps) and the memory budget's terms for the pages served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import yaml
+from prometheus_client import generate_latest
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import engine_metrics, errors, memory_budget
+from palmyra_serve.sidecar.app import create_app
+from palmyra_serve.sidecar.engine_metrics import EngineMetricsCache, Fetched
+from palmyra_serve.sidecar.front_end import DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.metrics import ROUTES, SidecarMetrics
+from palmyra_serve.sidecar.upstream import PageTooLarge
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Engine:
+    """A fetch that counts its calls and answers when released."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail: BaseException | None = None
+
+    async def fetch(self) -> Fetched:
+        self.calls += 1
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        return Fetched(200, "text/plain; version=0.0.4", None, b"page %d\n" % self.calls)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_share_one_fetch_and_the_copy_lasts_its_interval():
+    async def scenario() -> None:
+        now = [100.0]
+        engine = Engine()
+        cache = EngineMetricsCache(engine.fetch, 1, clock=lambda: now[0])
+        engine.gate.clear()
+        waiting = [asyncio.ensure_future(cache.page()) for _ in range(50)]
+        await asyncio.sleep(0)
+        engine.gate.set()
+        pages = await asyncio.gather(*waiting)
+        assert engine.calls == 1 and {p.body for p in pages} == {b"page 1\n"}
+        now[0] += engine_metrics.MAX_AGE_S / 2
+        assert (await cache.page()).body == b"page 1\n" and engine.calls == 1
+        now[0] = 100.0 + engine_metrics.MAX_AGE_S  # its age counts from when its fetch started
+        assert (await cache.page()).body == b"page 2\n" and engine.calls == 2
+
+    run(scenario())
+
+
+def test_a_caller_that_goes_away_does_not_cancel_the_fetch_for_the_others():
+    async def scenario() -> None:
+        engine = Engine()
+        engine.gate.clear()
+        cache = EngineMetricsCache(engine.fetch, 1)
+        first, second = asyncio.ensure_future(cache.page()), asyncio.ensure_future(cache.page())
+        await asyncio.sleep(0)
+        first.cancel()
+        engine.gate.set()
+        assert (await second).status == 200 and engine.calls == 1
+
+    run(scenario())
+
+
+def test_a_failure_is_kept_like_a_page_and_is_a_503_in_openai_shape():
+    async def scenario() -> None:
+        now = [0.0]
+        engine = Engine()
+        cache = EngineMetricsCache(engine.fetch, 3, clock=lambda: now[0])
+        for exc, code in ((aiohttp.ClientConnectionError("refused"), errors.ENGINE_UNAVAILABLE),
+                          (TimeoutError(), errors.ENGINE_TIMEOUT), (PageTooLarge("big"), errors.BAD_UPSTREAM)):
+            engine.fail = exc
+            now[0] += 1
+            page = await cache.page()
+            assert page.status == 503 and (b"retry-after", b"3") in page.headers
+            assert code.encode() in page.body
+            calls = engine.calls
+            assert (await cache.page()) is page and engine.calls == calls, "one attempt per interval"
+
+    run(scenario())
+
+
+def test_no_third_copy_outlives_a_slow_reader_for_long():
+    """A response still writing the copy before the current one holds back the next fetch for
+    READ_GRACE_S at most; after that the next fetch cuts it."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        engine = Engine()
+        cache = EngineMetricsCache(engine.fetch, 1, clock=lambda: now[0])
+        cut: list[str] = []
+        first = await cache.page()
+        slow = DisconnectHook(abort=lambda: cut.append("slow"))
+        first.writers.add(slow)
+        now[0] += 0.3
+        second = await cache.page()
+        assert second is not first and engine.calls == 2
+        now[0] += 0.3  # `second` is stale, but `first` is still being written: serve `second`
+        assert (await cache.page()) is second and engine.calls == 2 and not cut
+        now[0] += engine_metrics.READ_GRACE_S  # the grace is over: fetch, and let `first` go
+        third = await cache.page()
+        assert third is not second and cut == ["slow"]
+        first.writers.discard(slow)
+        second.writers.add(DisconnectHook(abort=lambda: cut.append("not that slow")))
+        now[0] += 0.3  # `second` is the copy before now; it has writers, within its grace
+        assert (await cache.page()) is third and cut == ["slow"]
+
+    run(scenario())
+
+
+def test_marking_a_request_authenticated_gives_its_keep_alive_back():
+    class Cycle:
+        keep_alive = False
+
+    hook = DisconnectHook()
+    cycle = Cycle()
+    hook._reopen = cycle
+    mark_authenticated({"palmyra.disconnect_hook": hook})
+    assert hook.authenticated and cycle.keep_alive and hook._reopen is None
+    mark_authenticated({})  # a scope without a connection (unit tests of the relay): nothing to do
+
+
+def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
+    settings = Settings(_env_file=None, auth_disabled=True)
+    terms = {t.what: t for t in memory_budget.terms(settings)}
+    page = next(t for what, t in terms.items() if "metrics page" in what)
+    assert page.total == engine_metrics.PAGE_COPIES * engine_metrics.MAX_PAGE_BYTES
+    # The largest page the control app writes whole: the sidecar's /metrics with a series for
+    # every route and every status an engine may answer, and the API document.
+    metrics = SidecarMetrics()
+    for route in ROUTES:
+        for status in range(100, 1000):
+            metrics.count_request(route, status)
+    for code in (*errors.FRONT_END_CODES, *errors.REJECTION_CODES):
+        metrics.reject(code)
+    biggest = len(generate_latest(metrics.registry))
+    document = len(json.dumps(create_app(settings).control.openapi()))
+    print(f"sidecar /metrics with every status series: {biggest / 1024:.0f} KiB; "
+          f"API document {document / 1024:.0f} KiB")
+    assert max(biggest, document, 2 * engine_metrics.SLICE_BYTES) <= memory_budget.CONTROL_PAGE_BYTES
+    # In adaptive mode every connection is counted as relaying, with buffers larger than a page.
+    assert memory_budget.RELAY_BYTES >= memory_budget.CONTROL_PAGE_BYTES
+    assert memory_budget.non_relaying(settings) == 0
+    fixed = Settings(_env_file=None, auth_disabled=True, admission_mode="fixed", max_in_flight=10, max_connections=100)
+    assert memory_budget.non_relaying(fixed) == 90
+
+
+def test_the_copy_is_fresh_enough_for_the_endpoint_picker():
+    """The picker scrapes at its interval and calls data older than 2 s stale (llm-d-router's
+    default): a copy at most MAX_AGE_S old serves every scrape a page the scrape before did not
+    see, and one a slow reader holds back stays under the threshold."""
+    config = yaml.safe_load((REPO / "k8s/components/inference-gateway/picker-config.yaml").read_text())
+    [source] = [p for p in config["plugins"] if p["type"] == "metrics-data-source"]
+    interval = source["parameters"]["interval"]
+    assert interval.endswith("ms")
+    assert engine_metrics.MAX_AGE_S <= int(interval[:-2]) / 1000
+    # Plus one fetch: milliseconds for a vLLM page (6.5 ms for 56 KB, docs/inference-gateway.md).
+    assert engine_metrics.MAX_AGE_S + engine_metrics.READ_GRACE_S <= 1.5
