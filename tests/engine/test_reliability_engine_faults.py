@@ -8,7 +8,6 @@ Order matters: hang first (it recovers with SIGCONT), then the two kills (each r
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from helpers import procs
+from helpers.procs import signal_session
 from helpers.api import HTTP, completion
 from reliability_support import (FAST, TransitionWatcher, engine_core, figure, generate_ok, long_stream, ready,
                                  start_streams)
@@ -70,7 +70,7 @@ def with_group_continued(eng: RestartableEngine) -> None:
     """A stopped group ignores SIGTERM until continued: never leave one behind."""
     if eng.server is not None:
         try:
-            os.killpg(eng.pid, signal.SIGCONT)
+            signal_session(eng.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
 
@@ -129,7 +129,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
     watcher = TransitionWatcher(sidecar.url)
     watcher.start()
     t_stop = time.monotonic()
-    os.killpg(engine.pid, signal.SIGSTOP)
+    signal_session(engine.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
         resp = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
@@ -149,7 +149,7 @@ def test_engine_hung_by_sigstop(engine, sidecar):
         # Judged from the last good /health poll (at most one 0.2 s poll interval before the stop).
         assert LIVENESS_BUDGET_S - 0.5 <= hung_s <= LIVENESS_BUDGET_S + 2, hung_s
     finally:
-        os.killpg(engine.pid, signal.SIGCONT)
+        signal_session(engine.pid, signal.SIGCONT)
     t_cont = time.monotonic()
     wait_until(lambda: ready(sidecar.url), 60, "ready again after SIGCONT", 0.2)
     recovered_s = time.monotonic() - t_cont
@@ -175,7 +175,7 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
     if target == "engine-core":
         engine_core(engine.pid).send_signal(signal.SIGKILL)
     else:
-        os.killpg(engine.pid, signal.SIGKILL)
+        signal_session(engine.pid, signal.SIGKILL)
 
     endings = stream_endings(streams, t_kill)
     for e in endings:

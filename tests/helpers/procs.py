@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from palmyra_serve.engine import process_tree
+
 VENV_BIN = Path(sys.executable).parent
 PALMYRA = str(VENV_BIN / "palmyra-serve")
 
@@ -79,8 +81,18 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Po
                                 start_new_session=True)
 
 
+def signal_session(leader: int, sig: int) -> None:
+    """Signal every process of the session `leader` started (spawn() gives each child one). The
+    engine launcher runs vLLM in a process group of its own inside that session, so a signal to
+    the launcher's group alone reaches the launcher only: the whole engine is its session."""
+    for pid in process_tree.members(leader):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int:
-    """Signal the whole process group, wait, then kill whatever is left. Returns the exit code."""
+    """Signal the process group (the launcher forwards it), wait, then kill whatever is left of its
+    session. Returns the exit code."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
@@ -88,8 +100,7 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 4
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    signal_session(proc.pid, signal.SIGKILL)
     return proc.wait()
 
 
