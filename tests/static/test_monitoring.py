@@ -32,6 +32,7 @@ EXPECTED_ALERTS = {
     "PalmyraReplicaNotReady", "PalmyraEngineDown", "PalmyraWarmupFailing", "PalmyraTTFTHigh",
     "PalmyraInterTokenLatencyHigh", "PalmyraErrorRatioHigh", "PalmyraQueueDepthSustained",
     "PalmyraKVCacheNearFull", "PalmyraPreemptionSpike", "PalmyraOverloadRejections", "PalmyraNPUUnhealthy",
+    "PalmyraSidecarFaults",
 }
 # vLLM renamed these; a dashboard may join old and new name with `or` (no data is invented).
 RENAMED = [("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
