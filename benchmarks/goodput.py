@@ -5,7 +5,7 @@ bare engine and the sidecar side by side in one run (alternating per rate, the o
 the tiny stand-in served by the real vLLM CPU engine. Every request: a distinct 48-word prompt,
 64 streamed tokens with `ignore_eos`. A request is *good* when it completes (HTTP 200, every token,
 `[DONE]`) with TTFT <= 2 s and a mean inter-token gap <= 0.25 s (the project's default SLOs, as in
-issue 16). Goodput is good requests per second of arrivals.
+the admission targets). Goodput is good requests per second of arrivals.
 
 Capacity: a closed loop of `--capacity-concurrency` streams against the bare engine for
 `--capacity-s` seconds; its throughput (streams / mean request time) is 1x. `--capacity` skips the measurement.
@@ -166,7 +166,7 @@ def markdown(doc: dict) -> str:
                 f"| {share} | {_fmt(row, 'ttft_p50_s')} / {_fmt(row, 'ttft_p99_s')} "
                 f"| {_fmt(row, 'itl_p50_s')} / {_fmt(row, 'itl_p99_s')} | {row['refused']} | {row['errors']} "
                 f"| {row['unfinished']} | {row['sent']} |")
-    lines += ["", (f"Peak goodput in this run: {peak:.1f}/s. Issue 16's targets: at 2× and 4× the sidecar keeps "
+    lines += ["", (f"Peak goodput in this run: {peak:.1f}/s. Targets: at 2× and 4× the sidecar keeps "
                    "≥ 90% of the peak; at ≤ 1× it keeps ≥ 98% of bare vLLM's goodput with a TTFT p99 no worse."), ""]
     return "\n".join(lines)
 

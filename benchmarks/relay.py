@@ -285,7 +285,7 @@ def report(a: dict | None, b: dict | None) -> str:
                              f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |")
         cs = [c for c in a["concurrency"]]
         s, n, d = t["sidecar"], t["nginx"], t["direct"]
-        lines += ["", "Targets (issue 3):", ""]
+        lines += ["", "Targets:", ""]
         for c in (x for x in cs if x >= 32):
             lines.append(f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)")
         if 1 in cs:

@@ -55,7 +55,7 @@ MODELS = TEST_CACHE / "models"
 ENGINE_KEY = "startup-bench-key"
 MAX_MODEL_LEN = 8192  # k8s/base/kustomization.yaml
 KVCACHE_GIB = 2  # k8s/overlays/cpu
-TARGET_WARM_SHARE = 0.5  # issue 15: warm <= 50 % of cold
+TARGET_WARM_SHARE = 0.5  # the target: warm <= 50 % of cold
 
 # First engine-log line of each milestone (vLLM 0.32's wording).
 MILESTONES = {

@@ -1,4 +1,4 @@
-"""Adaptive concurrency limit and an SLO-bounded admission queue (issue 16). Pure logic.
+"""Adaptive concurrency limit and an SLO-bounded admission queue. Pure logic.
 
 Why: a fixed limit says nothing about the engine. Too low wastes an NPU that batches hundreds of
 sequences; too high on a CPU slows every stream past the SLO, and a long queue makes everything

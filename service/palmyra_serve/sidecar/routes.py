@@ -45,7 +45,7 @@ RELAYED: dict[str, Route] = {
 }
 
 # Answered by the sidecar's own control app (FastAPI): health, readiness, metrics, the API document.
-# `/engine/metrics` is the engine's own metrics relayed on the sidecar's port (issue 14, item 1).
+# `/engine/metrics` is the engine's own metrics relayed on the sidecar's port.
 CONTROL_PATHS = frozenset(
     {
         "/health",
