@@ -8,6 +8,8 @@ import asyncio
 import time
 
 import pytest
+
+from helpers.clock import FakeClock
 from palmyra_serve.sidecar.adaptive_admission import (
     AdaptiveAdmission,
     Draining,
@@ -19,14 +21,6 @@ from palmyra_serve.sidecar.concurrency_limit import (
     ConcurrencyGate,
     LimitConfig,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def admission(limit: int = 2, ttft_slo_s: float = 0.3, clock=time.monotonic) -> AdaptiveAdmission:

@@ -12,6 +12,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.clock import FakeClock
 from palmyra_serve.sidecar.concurrency_limit import (
     AdaptiveLimit,
     ConcurrencyGate,
@@ -19,14 +20,6 @@ from palmyra_serve.sidecar.concurrency_limit import (
     Ticket,
     sample,
 )
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # Durations: the hostile ones (0, tiny, huge, NaN, +-inf, negative) as often as ordinary ones.
@@ -73,7 +66,7 @@ def _check(gate: ConcurrencyGate) -> None:
 @settings(max_examples=400, deadline=None)
 @given(config=configs, ceiling=st.integers(1, 512), ops=st.lists(op, max_size=300))
 def test_the_limit_stays_finite_and_within_its_bounds_whatever_the_samples(config, ceiling, ops) -> None:
-    clock = StepClock()
+    clock = FakeClock(1000.0)
     gate = ConcurrencyGate(config, ceiling, clock)
     tickets: list[Ticket] = []
     for step in ops:
@@ -120,7 +113,7 @@ def test_the_limit_stays_finite_and_within_its_bounds_whatever_the_samples(confi
 def test_windows_of_zeros_and_hostile_values_never_raise(samples, window) -> None:
     """The reproduced crash: half of a window's full-batch gaps 0 (every event of a stream in one
     read) made the throughput estimate divide by zero, and that window was never reset."""
-    clock = StepClock()
+    clock = FakeClock(1000.0)
     limit = AdaptiveLimit(LimitConfig(initial_limit=8, min_samples=2, window_s=window), ceiling=64, clock=clock)
     for value in samples:
         clock.now += 0.3
@@ -131,7 +124,7 @@ def test_windows_of_zeros_and_hostile_values_never_raise(samples, window) -> Non
 
 
 def test_a_window_of_zero_gaps_measures_no_rate_and_is_reset() -> None:
-    clock = StepClock()
+    clock = FakeClock(1000.0)
     limit = AdaptiveLimit(LimitConfig(initial_limit=8, min_samples=4, window_s=0.0), ceiling=64, clock=clock)
     limit._raised_from = (4.0, 100.0)  # a raise under evaluation: the rate comparison must run
     for _ in range(4):

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+
+from helpers.clock import FakeClock
 from palmyra_serve.sidecar.concurrency_limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -25,14 +27,6 @@ from palmyra_serve.sidecar.concurrency_limit import (
 )
 
 TOKENS = 64
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -138,23 +138,14 @@ def _local_port(scope: dict) -> int | None:
 
 
 async def _refuse_unauthorized(send: Any) -> None:
-    exc = errors.unauthorized()
-    body = exc.body()
-    headers = [(k, v) for k, v in exc.headers("-") if k != b"x-request-id"]
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await errors.send_error(send, errors.unauthorized(), None)
 
 
 async def _refuse_off_probe_port(scope: dict, send: Any) -> None:
     # Not counted in palmyra_requests_total: the probe port is not a client door; nothing on it
     # reaches the relay or the engine.
     exc = errors.not_a_probe_path(scope["method"], scope["path"], ", ".join(sorted(PROBE_PATHS)))
-    body = exc.body()
-    headers = [(k, v) for k, v in exc.headers("-") if k != b"x-request-id"]
-    headers += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await errors.send_error(send, exc, None, close=True)
 
 
 def create_app(

@@ -9,6 +9,7 @@ the engine in palmyra_upstream_errors_total{kind=<code>} (reason == code, one vo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -27,8 +28,11 @@ class ApiError(Exception):
             {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         )
 
-    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
-        out = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode())]
+    def headers(self, request_id: str | None) -> list[tuple[bytes, bytes]]:
+        """Its headers; the request id's only when there is one (the probe port's refusals have none)."""
+        out = [(b"content-type", b"application/json")]
+        if request_id is not None:
+            out.append((b"x-request-id", request_id.encode()))
         if self.retry_after is not None:
             out.append((b"retry-after", str(self.retry_after).encode()))
         return out
@@ -36,6 +40,18 @@ class ApiError(Exception):
     def sse_event(self) -> bytes:
         """The same error as a final server-sent event, for streams that already started."""
         return b"data: " + self.body() + b"\n\ndata: [DONE]\n\n"
+
+
+async def send_error(send: Any, exc: ApiError, request_id: str | None, close: bool = False) -> None:
+    """Answer an ASGI request with `exc`: its body in one write with its length (not chunked: any
+    client reads it), the request id when there is one, `Connection: close` when asked."""
+    body = exc.body()
+    headers = exc.headers(request_id)
+    headers.append((b"content-length", b"%d" % len(body)))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 # Codes of failures talking to the engine (engine_pool.py raises them, upstream() maps them).
@@ -258,7 +274,7 @@ class ApiErrorWithHeaders(ApiError):
 
     extra: tuple[tuple[bytes, bytes], ...] = ()
 
-    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+    def headers(self, request_id: str | None) -> list[tuple[bytes, bytes]]:
         return super().headers(request_id) + list(self.extra)
 
 

@@ -167,16 +167,11 @@ class Proxy:
         except errors.ApiError as exc:
             status = exc.status
             record["error"] = exc.code
-            answer = exc.body()
-            headers = exc.headers(rid)
-            headers.append((b"content-length", b"%d" % len(answer)))  # not chunked: one write, any client reads it
-            if not body_read and not closing and _has_body(scope, clen):  # when closing, said already
-                # Answered before its body was read: the connection ends after this response (the
-                # front end lingers and discards the rest), and the client must be told so, or it
-                # sends its next request into a closing connection.
-                headers.append((b"connection", b"close"))
-            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-            await send({"type": "http.response.body", "body": answer})
+            # Answered before its body was read: the connection ends after this response (the
+            # front end lingers and discards the rest), and the client must be told so, or it
+            # sends its next request into a closing connection (when closing, it was said already).
+            close = not body_read and not closing and _has_body(scope, clen)
+            await errors.send_error(send, exc, rid, close)
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
             record["client_disconnected"] = True
@@ -244,12 +239,8 @@ class Proxy:
         self.metrics.internal_errors.inc()
         self.state.report_sidecar_fault()
         log.error("internal error", exc_info=exc, extra={"fields": {"request_id": rid}})
-        failure = errors.internal_error(rid)
-        answer = failure.body()
-        headers = [*failure.headers(rid), (b"content-length", b"%d" % len(answer))]
         try:
-            await send({"type": "http.response.start", "status": 500, "headers": headers})
-            await send({"type": "http.response.body", "body": answer})
+            await errors.send_error(send, errors.internal_error(rid), rid)
         except RuntimeError:
             pass  # the response had started: returning leaves it incomplete, uvicorn closes the connection
 
