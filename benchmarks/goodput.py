@@ -222,7 +222,7 @@ def body(text: str, max_tokens: int) -> bytes:
 async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
     """Send one streamed completion and fill `r` as it goes (so a cancelled one keeps what it got).
     The client is the sidecar's own lean pool (C-parsed), the same for both targets."""
-    from palmyra_serve.sidecar.engine_pool import UpstreamError
+    from palmyra_serve.sidecar.upstream.pool import UpstreamError
 
     t0 = time.perf_counter()
     first = last = 0.0
@@ -266,7 +266,7 @@ async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, 
 
 async def open_loop(base: str, headers: list[tuple[bytes, bytes]], rate: float, seconds: float, drain_s: float,
                     arrival_seed: int, prompt_seed: int, max_tokens: int) -> list[RequestResult]:
-    from palmyra_serve.sidecar.engine_pool import EnginePool
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 10, 600)
     rng = random.Random(prompt_seed)
@@ -297,7 +297,7 @@ async def closed_loop_rate(base: str, headers: list[tuple[bytes, bytes]], concur
     """Requests per second of `concurrency` back-to-back streams, by Little's law: concurrency over
     the mean request time (after one warm round). Counting completions in a window instead would
     be quantised: streams started together finish in lockstep rounds."""
-    from palmyra_serve.sidecar.engine_pool import EnginePool
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 10, 600)
     rng = random.Random(1)

@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
@@ -100,7 +99,7 @@ async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> f
     """Times to the first body bytes (appended to ttfts) at a fixed concurrency; returns SSE events
     per request. The client is the sidecar's own lean pool (C-parsed, keep-alive), so what it adds
     to every target is small and the same."""
-    from palmyra_serve.sidecar.engine_pool import EnginePool
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 5, 60)
     headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
@@ -202,7 +201,7 @@ async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: 
     """Tokens received, wall time and per-request latencies of `streams` concurrent streamed
     completions. The client is the sidecar's own lean pool, the same for every target, so the
     benchmark's load generator takes as little CPU from the engine as it can."""
-    from palmyra_serve.sidecar.engine_pool import EnginePool
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     body = json.dumps({"model": "palmyra-mini", "prompt": [9707] * 16, "max_tokens": max_tokens, "ignore_eos": True,
                        "stream": True, "temperature": 0}).encode()

@@ -1,7 +1,7 @@
-"""Per-read cost of the relay's SSE accounting, before and after sse.py, on streams recorded from
+"""Per-read cost of the relay's SSE accounting, before and after relay/sse.py, on streams recorded from
 the real vLLM engine (tests/unit/data/vllm-sse.json: socket reads as the relay's pool returned them).
 
-"before" is the accounting the relay did until sse.py: count `data: ` in each read and look for a
+"before" is the accounting the relay did until relay/sse.py: count `data: ` in each read and look for a
 usage key (wrong on split markers, text containing the marker, n>1 and split usage events).
 "after" is SseAccount.feed on the same reads. Both are timed per read (the unit the relay handles),
 in CPU time of this process (the machine may be shared), the median of 7 runs of 2000 rounds.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "service"))
-from palmyra_serve.sidecar.sse import SseAccount
+from palmyra_serve.sidecar.relay.sse import SseAccount
 
 RECORDED = HERE.parent / "tests" / "unit" / "data" / "vllm-sse.json"
 ROUNDS = 2000

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "service"))  # works from a checkout even before `
 from palmyra_serve.cli import build_parser  # noqa: E402
 from palmyra_serve.engine.launcher import PLATFORMS, build_command  # noqa: E402
 from palmyra_serve.settings import Settings  # noqa: E402
-from palmyra_serve.sidecar.metrics import PHASES, STARTUP_PHASES, SidecarMetrics  # noqa: E402
+from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics  # noqa: E402
 
 ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"

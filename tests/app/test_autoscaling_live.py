@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from helpers import procs
 from helpers.load import ClosedLoop
 from helpers.waiting import wait_until

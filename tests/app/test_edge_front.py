@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import procs
 from helpers.api import assert_openai_error, completion
 from helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of

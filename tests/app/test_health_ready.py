@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from helpers.procs import fake_engine
 from helpers import procs
 from helpers.api import body_when_ready, ready_body
+from helpers.procs import fake_engine
 from helpers.waiting import wait_until
 
 

@@ -6,7 +6,6 @@ import json
 import socket
 import time
 
-
 from helpers import procs
 from helpers.api import assert_openai_error, completion, raw_json_post
 from helpers.waiting import wait_until

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from podman_helpers import REPO, BuiltImages, completion, env_with, http, podman, port_is_free, wait_ready
 
 PROJECT = "palmyra-ct"

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from helpers.procs import free_port
 from podman_helpers import (
     PODMAN_DIR,
     PROBE,
@@ -25,6 +23,8 @@ from podman_helpers import (
     probe_cmd,
     wait_ready,
 )
+
+from helpers.procs import free_port
 
 ENGINE_KEY = "container-test-engine-key"
 READY_TIMEOUT_S = 900  # engine start (compile) on 2 cores, then warmup

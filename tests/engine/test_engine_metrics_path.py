@@ -19,10 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers.api import HTTP, plain_client
 from prometheus_client.parser import text_string_to_metric_families
-from helpers.waiting import wait_until
 from reliability_support import figure, long_stream
+
+from helpers.api import HTTP, plain_client
+from helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PICKER_CONFIG = REPO / "k8s" / "components" / "inference-gateway" / "picker-config.yaml"

@@ -10,10 +10,19 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from reliability_support import (
+    FAST,
+    engine_gauge,
+    figure,
+    generate_ok,
+    long_stream,
+    sidecar_metric,
+    sockets_to,
+    start_streams,
+    usage,
+)
 
 from helpers import procs
-from reliability_support import (FAST, engine_gauge, figure, generate_ok, long_stream, sidecar_metric, sockets_to,
-                                 start_streams, usage)
 from helpers.waiting import wait_until
 
 STREAMS, ROUNDS = 16, 3

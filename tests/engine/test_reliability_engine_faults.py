@@ -15,12 +15,20 @@ from pathlib import Path
 
 import psutil
 import pytest
+from reliability_support import (
+    FAST,
+    TransitionWatcher,
+    engine_core,
+    figure,
+    generate_ok,
+    long_stream,
+    ready,
+    start_streams,
+)
 
 from helpers import procs
-from helpers.procs import signal_session
 from helpers.api import HTTP, completion
-from reliability_support import (FAST, TransitionWatcher, engine_core, figure, generate_ok, long_stream, ready,
-                                 start_streams)
+from helpers.procs import signal_session
 from helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])

@@ -10,10 +10,10 @@ import time
 
 import openai
 import pytest
+from reliability_support import engine_gauge
 
 from helpers.api import HTTP, raw_json_post
 from helpers.waiting import wait_until
-from reliability_support import engine_gauge
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_engine_metrics_are_served_unchanged_on_the_sidecar_port(sidecar_server,
         headers = {"Accept": accept} if accept else {}
         relayed = HTTP.get(f"{sidecar_server.url}/engine/metrics", headers=headers, timeout=10)  # no key
         assert relayed.status_code == direct.status_code == 200
-        # One copy serves every client (sidecar/engine_metrics.py): the text format, whatever is asked.
+        # One copy serves every client (sidecar/upstream/metrics_page.py): the text format, whatever is asked.
         assert relayed.headers["content-type"] == direct.headers["content-type"]
         assert "content-encoding" not in relayed.headers
         # Counters move between the two scrapes; the series on the page are the same.

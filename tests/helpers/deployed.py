@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import yaml
+
 from palmyra_serve.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

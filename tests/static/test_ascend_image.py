@@ -314,7 +314,7 @@ SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 # Where vllm: names are read: what Prometheus, Grafana, KEDA and the router load (generated
 # dashboards included), and the sidecar, which parses the engine's /metrics page itself
-# (sidecar/engine_capacity.py: vllm:cache_config_info for the admission ceiling).
+# (sidecar/upstream/capacity.py: vllm:cache_config_info for the admission ceiling).
 METRIC_USERS = {"monitoring": {".yaml", ".yml", ".json"}, "k8s": {".yaml", ".yml", ".json"}, "service": {".py"}}
 
 

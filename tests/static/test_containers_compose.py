@@ -19,12 +19,11 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-
-from palmyra_serve.sidecar.routes import PROBE_PATHS
+from test_containers import ENGINE_CMD, parse_dockerfile
 
 from helpers import deployed
 from helpers.deployed import flag_value, loopback
-from test_containers import ENGINE_CMD, parse_dockerfile
+from palmyra_serve.sidecar.routes import PROBE_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

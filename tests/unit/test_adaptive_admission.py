@@ -10,12 +10,12 @@ import time
 import pytest
 
 from helpers.clock import FakeClock
-from palmyra_serve.sidecar.adaptive_admission import (
+from palmyra_serve.sidecar.admission.adaptive import (
     AdaptiveAdmission,
     Draining,
     Refused,
 )
-from palmyra_serve.sidecar.concurrency_limit import (
+from palmyra_serve.sidecar.admission.limit import (
     QUEUE_TIMEOUT,
     SLO_UNREACHABLE,
     ConcurrencyGate,

@@ -12,15 +12,15 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from helpers.clock import FakeClock
-from palmyra_serve.sidecar.concurrency_limit import (
+from palmyra_serve.sidecar.admission.limit import (
     AdaptiveLimit,
     ConcurrencyGate,
     LimitConfig,
     Ticket,
     sample,
 )
-
 
 # Durations: the hostile ones (0, tiny, huge, NaN, +-inf, negative) as often as ordinary ones.
 hostile = st.one_of(

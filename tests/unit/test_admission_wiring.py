@@ -9,9 +9,9 @@ import pytest
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission import Admission, AdaptiveAdmission, build_admission, learn_ceiling
-from palmyra_serve.sidecar.metrics import REJECTION_REASONS
-from palmyra_serve.sidecar.sse import SseAccount
+from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, Admission, build_admission, learn_ceiling
+from palmyra_serve.sidecar.observability.metrics import REJECTION_REASONS
+from palmyra_serve.sidecar.relay.sse import SseAccount
 
 # vLLM CPU 0.32's series, trimmed: 16384 blocks x 128 tokens = 2 GiB of KV cache.
 CACHE_INFO = 'vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="16384"} 1.0\n'

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from helpers.clock import FakeClock
-from palmyra_serve.sidecar.concurrency_limit import (
+from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
     SLO_UNREACHABLE,

@@ -10,14 +10,15 @@ from pathlib import Path
 import aiohttp
 import yaml
 from prometheus_client import generate_latest
-from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import engine_metrics, errors, memory_budget
-from palmyra_serve.sidecar.app import create_app
-from palmyra_serve.sidecar.engine_metrics import EngineMetricsCache, Fetched
-from palmyra_serve.sidecar.front_end import DisconnectHook, mark_authenticated
-from palmyra_serve.sidecar.metrics import ROUTES, SidecarMetrics
-from palmyra_serve.sidecar.upstream import PageTooLarge
 
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import errors, memory_budget
+from palmyra_serve.sidecar.app import create_app
+from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.observability.metrics import ROUTES, SidecarMetrics
+from palmyra_serve.sidecar.upstream import metrics_page
+from palmyra_serve.sidecar.upstream.control import PageTooLarge
+from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,9 +55,9 @@ def test_concurrent_requests_share_one_fetch_and_the_copy_lasts_its_interval():
         engine.gate.set()
         pages = await asyncio.gather(*waiting)
         assert engine.calls == 1 and {p.body for p in pages} == {b"page 1\n"}
-        now[0] += engine_metrics.MAX_AGE_S / 2
+        now[0] += metrics_page.MAX_AGE_S / 2
         assert (await cache.page()).body == b"page 1\n" and engine.calls == 1
-        now[0] = 100.0 + engine_metrics.MAX_AGE_S  # its age counts from when its fetch started
+        now[0] = 100.0 + metrics_page.MAX_AGE_S  # its age counts from when its fetch started
         assert (await cache.page()).body == b"page 2\n" and engine.calls == 2
 
     run(scenario())
@@ -111,7 +112,7 @@ def test_no_third_copy_outlives_a_slow_reader_for_long():
         assert second is not first and engine.calls == 2
         now[0] += 0.3  # `second` is stale, but `first` is still being written: serve `second`
         assert (await cache.page()) is second and engine.calls == 2 and not cut
-        now[0] += engine_metrics.READ_GRACE_S  # the grace is over: fetch, and let `first` go
+        now[0] += metrics_page.READ_GRACE_S  # the grace is over: fetch, and let `first` go
         third = await cache.page()
         assert third is not second and cut == ["slow"]
         first.writers.discard(slow)
@@ -138,7 +139,7 @@ def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
     settings = Settings(_env_file=None, auth_disabled=True)
     terms = {t.what: t for t in memory_budget.terms(settings)}
     page = next(t for what, t in terms.items() if "metrics page" in what)
-    assert page.total == engine_metrics.PAGE_COPIES * engine_metrics.MAX_PAGE_BYTES
+    assert page.total == metrics_page.PAGE_COPIES * metrics_page.MAX_PAGE_BYTES
     # The largest page the control app writes whole: the sidecar's /metrics with a series for
     # every route and every status an engine may answer, and the API document.
     metrics = SidecarMetrics()
@@ -151,7 +152,7 @@ def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
     document = len(json.dumps(create_app(settings).control.openapi()))
     print(f"sidecar /metrics with every status series: {biggest / 1024:.0f} KiB; "
           f"API document {document / 1024:.0f} KiB")
-    assert max(biggest, document, 2 * engine_metrics.SLICE_BYTES) <= memory_budget.CONTROL_PAGE_BYTES
+    assert max(biggest, document, 2 * metrics_page.SLICE_BYTES) <= memory_budget.CONTROL_PAGE_BYTES
     # In adaptive mode every connection is counted as relaying, with buffers larger than a page.
     assert memory_budget.RELAY_BYTES >= memory_budget.CONTROL_PAGE_BYTES
     assert memory_budget.non_relaying(settings) == 0
@@ -167,6 +168,6 @@ def test_the_copy_is_fresh_enough_for_the_endpoint_picker():
     [source] = [p for p in config["plugins"] if p["type"] == "metrics-data-source"]
     interval = source["parameters"]["interval"]
     assert interval.endswith("ms")
-    assert engine_metrics.MAX_AGE_S <= int(interval[:-2]) / 1000
+    assert metrics_page.MAX_AGE_S <= int(interval[:-2]) / 1000
     # Plus one fetch: milliseconds for a vLLM page (6.5 ms for 56 KB, docs/inference-gateway.md).
-    assert engine_metrics.MAX_AGE_S + engine_metrics.READ_GRACE_S <= 1.5
+    assert metrics_page.MAX_AGE_S + metrics_page.READ_GRACE_S <= 1.5

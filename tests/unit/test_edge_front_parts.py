@@ -6,15 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
-from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors, memory_budget
-from palmyra_serve.sidecar.auth import ApiKeys, AuthConfigError, validate_engine_key
-from palmyra_serve.sidecar.front_end import raw_response
-from palmyra_serve.sidecar.metrics import ROUTES
-from palmyra_serve.sidecar.request_cost import CostLimits, as_int, check
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED, ROUTE_LABELS
 
 from helpers import deployed
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar import errors, memory_budget
+from palmyra_serve.sidecar.edge.protocol import raw_response
+from palmyra_serve.sidecar.observability.metrics import ROUTES
+from palmyra_serve.sidecar.relay.auth import ApiKeys, AuthConfigError, validate_engine_key
+from palmyra_serve.sidecar.relay.cost import CostLimits, as_int, check
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED, ROUTE_LABELS
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 
@@ -192,15 +192,16 @@ def test_the_budget_counts_the_requests_each_admission_mode_lets_in():
 
 def test_every_per_request_buffer_is_in_the_budget():
     """Each buffer a relayed request may hold is a term, at the size its module enforces."""
-    from palmyra_serve.sidecar import engine_pool, json_usage, sse
+    from palmyra_serve.sidecar.relay import sse, usage
+    from palmyra_serve.sidecar.upstream import pool
 
-    assert memory_budget.CHUNK_BYTES == engine_pool.HIGH_WATER + engine_pool.READ_BYTES
+    assert memory_budget.CHUNK_BYTES == pool.HIGH_WATER + pool.READ_BYTES
     assert memory_budget.RELAY_BYTES >= 3 * memory_budget.CHUNK_BYTES + memory_budget.CLIENT_WRITE_HIGH_WATER
     assert memory_budget.ERROR_PATH_BYTES <= memory_budget.RELAY_BYTES, "an error body is read instead of a stream"
     assert memory_budget.ACCOUNTING_BYTES >= sse.MAX_EVENT_BYTES
-    assert memory_budget.ACCOUNTING_BYTES >= json_usage.MAX_USAGE_BYTES + json_usage.MAX_GAP_BYTES
+    assert memory_budget.ACCOUNTING_BYTES >= usage.MAX_USAGE_BYTES + usage.MAX_GAP_BYTES
     settings = Settings(_env_file=None, platform="cpu")
     rows = {t.what.split(":")[0]: t for t in memory_budget.terms(settings)}
     assert rows["relay buffers"].count == memory_budget.relays(settings)
-    assert rows["engine connections' kernel receive buffers"].each == engine_pool.RCVBUF_CHARGED
+    assert rows["engine connections' kernel receive buffers"].each == pool.RCVBUF_CHARGED
     assert rows["accounting"].count == memory_budget.in_flight(settings)

@@ -1,11 +1,11 @@
-"""The usage report of a non-streamed body, read as it passes (sidecar/json_usage.py)."""
+"""The usage report of a non-streamed body, read as it passes (sidecar/relay/usage.py)."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from palmyra_serve.sidecar.json_usage import MAX_USAGE_BYTES, UsageScanner
+from palmyra_serve.sidecar.relay.usage import MAX_USAGE_BYTES, UsageScanner
 
 USAGE = {"prompt_tokens": 3, "total_tokens": 8, "completion_tokens": 5, "prompt_tokens_details": None}
 

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission import Admission, Draining, Refused
-from palmyra_serve.sidecar.auth import ApiKeys
-from palmyra_serve.sidecar.health import HealthState
-from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.sidecar.proxy import request_id_from
+from palmyra_serve.sidecar.admission.control import Admission, Draining, Refused
+from palmyra_serve.sidecar.lifecycle.health import HealthState
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.relay.auth import ApiKeys
+from palmyra_serve.sidecar.relay.handler import request_id_from
 
 
 def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
@@ -153,7 +153,7 @@ def test_access_log_writes_one_json_line_per_request_buffered_briefly():
     import json
     import logging
 
-    from palmyra_serve.sidecar import access_log
+    from palmyra_serve.sidecar.observability import access_log
 
     logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.INFO)
     try:
@@ -180,7 +180,7 @@ def test_access_log_is_silent_above_info():
     import io
     import logging
 
-    from palmyra_serve.sidecar import access_log
+    from palmyra_serve.sidecar.observability import access_log
 
     logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.WARNING)
     try:
@@ -194,7 +194,7 @@ def test_access_log_is_silent_above_info():
 
 
 def test_response_headers_are_an_allow_list_of_what_describes_the_body():
-    from palmyra_serve.sidecar.proxy import _response_headers
+    from palmyra_serve.sidecar.relay.handler import _response_headers
 
     class Resp:
         raw_headers = [(b"Content-Type", b"application/json"), (b"Connection", b"keep-alive, X-Hop"),
@@ -225,7 +225,7 @@ def test_ready_phase_agrees_with_the_verdict_on_the_page_and_the_metric():
 
 
 def test_the_sidecars_own_faults_turn_readiness_false_and_a_completed_request_clears_them():
-    from palmyra_serve.sidecar.health import SIDECAR_FAULT, SIDECAR_FAULT_HOLD_S, SIDECAR_FAULTS_NOT_READY
+    from palmyra_serve.sidecar.lifecycle.health import SIDECAR_FAULT, SIDECAR_FAULT_HOLD_S, SIDECAR_FAULTS_NOT_READY
 
     clock = Clock()
     h = HealthState(SidecarMetrics(), liveness_budget_s=30, clock=clock)
@@ -249,9 +249,9 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     import asyncio
 
     from palmyra_serve.settings import Settings
-    from palmyra_serve.sidecar.admission import build_admission
-    from palmyra_serve.sidecar.auth import ApiKeys
-    from palmyra_serve.sidecar.proxy import Proxy
+    from palmyra_serve.sidecar.admission.control import build_admission
+    from palmyra_serve.sidecar.relay.auth import ApiKeys
+    from palmyra_serve.sidecar.relay.handler import Proxy
 
     settings = Settings(auth_disabled=True)
     metrics = SidecarMetrics()
@@ -285,8 +285,8 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
 def test_a_fault_while_admission_learns_leaves_the_limit_and_frees_the_slot():
     import asyncio
 
-    from palmyra_serve.sidecar.adaptive_admission import AdaptiveAdmission
-    from palmyra_serve.sidecar.concurrency_limit import ConcurrencyGate, LimitConfig
+    from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
+    from palmyra_serve.sidecar.admission.limit import ConcurrencyGate, LimitConfig
 
     async def scenario() -> AdaptiveAdmission:
         adm = AdaptiveAdmission(ConcurrencyGate(LimitConfig(initial_limit=4, min_samples=1, window_s=0), 16))

@@ -1,4 +1,4 @@
-"""SSE accounting (sidecar/sse.py): events found at their blank line across any split of the reads,
+"""SSE accounting (sidecar/relay/sse.py): events found at their blank line across any split of the reads,
 tokens counted per choice, the engine's usage preferred. Scripted streams build the hard cases
 (split markers, text that contains "data: ", CRLF framing); streams recorded from the real vLLM
 engine (tests/unit/data/vllm-sse.json, read by the relay's own pool) check the counts against the
@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from palmyra_serve.sidecar import sse
-from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES, SseAccount
+
+from palmyra_serve.sidecar.relay import sse
+from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES, SseAccount
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm-sse.json").read_text())["cases"]
 
@@ -184,7 +185,7 @@ def test_an_engine_error_event_marks_the_stream_failed_but_a_client_error_does_n
     assert not acc.error and acc.token_events == 1
 
 
-# The strict decode of plain token events (sse.py's fast path) must account for every read exactly
+# The strict decode of plain token events (relay/sse.py's fast path) must account for every read exactly
 # as the general parse does. Each stream below is fed as one read, and again with the fast path
 # switched off; both accounts must agree on everything, including the error flag and token times.
 STRICT_CASES = {

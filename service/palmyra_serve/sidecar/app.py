@@ -3,7 +3,7 @@
 The control paths (health, readiness, metrics, the engine's own metrics page at
 /engine/metrics, the OpenAPI document; routes.CONTROL_PATHS) go to
 a small FastAPI app, which also runs the lifespan: the engine session and relay pool, the health
-poller and the warmup supervisor. Every other request goes to the raw-ASGI relay (proxy.py), which
+poller and the warmup supervisor. Every other request goes to the raw-ASGI relay (relay/handler.py), which
 relays its allow-list (routes.RELAYED) and refuses the rest itself: the hot path pays for no
 framework, and nothing outside the allow-list reaches the engine.
 """
@@ -23,25 +23,31 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import engine_metrics, errors
-from palmyra_serve.sidecar.admission import AdaptiveAdmission, build_admission, learn_ceiling
-from palmyra_serve.sidecar.auth import ApiKeys, validate_engine_key
-from palmyra_serve.sidecar.engine_metrics import EngineMetricsCache, PageResponse, engine_fetch
-from palmyra_serve.sidecar.engine_pool import EnginePool
-from palmyra_serve.sidecar.health import HealthState, poll_engine_health
-from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, build_admission, learn_ceiling
+from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
+from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
-from palmyra_serve.sidecar.proxy import Proxy
+from palmyra_serve.sidecar.relay.auth import ApiKeys, validate_engine_key
+from palmyra_serve.sidecar.relay.handler import Proxy
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
-from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge, new_session
-from palmyra_serve.sidecar.warmup import Supervisor
+from palmyra_serve.sidecar.upstream.control import EngineClient, PageTooLarge, new_session
+from palmyra_serve.sidecar.upstream.metrics_page import (
+    FETCH_TIMEOUT_S,
+    MAX_PAGE_BYTES,
+    EngineMetricsCache,
+    PageResponse,
+    engine_fetch,
+)
+from palmyra_serve.sidecar.upstream.pool import EnginePool
 
 log = logging.getLogger("palmyra.sidecar")
 
 # The engine's page as adaptive admission reads it at start (its ceiling): the same bounds as
-# /engine/metrics (engine_metrics.py).
-ENGINE_METRICS_TIMEOUT_S = engine_metrics.FETCH_TIMEOUT_S
-ENGINE_METRICS_MAX_BYTES = engine_metrics.MAX_PAGE_BYTES
+# /engine/metrics (metrics_page.py).
+ENGINE_METRICS_TIMEOUT_S = FETCH_TIMEOUT_S
+ENGINE_METRICS_MAX_BYTES = MAX_PAGE_BYTES
 
 
 class SidecarState:
@@ -214,7 +220,7 @@ def create_app(
         # No key, like /metrics: it is what Prometheus and the Inference Extension's endpoint
         # picker scrape, and the picker cannot send one. Its cost does not grow with the request
         # rate: one engine render per interval at most, its copies in the memory budget
-        # (engine_metrics.py). The engine itself listens where only this sidecar reaches it.
+        # (metrics_page.py). The engine itself listens where only this sidecar reaches it.
         assert state.engine_metrics is not None
         return PageResponse(await state.engine_metrics.page())
 

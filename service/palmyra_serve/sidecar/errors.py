@@ -54,13 +54,13 @@ async def send_error(send: Any, exc: ApiError, request_id: str | None, close: bo
     await send({"type": "http.response.body", "body": body})
 
 
-# Codes of failures talking to the engine (engine_pool.py raises them, upstream() maps them).
+# Codes of failures talking to the engine (upstream/pool.py raises them, upstream() maps them).
 ENGINE_UNAVAILABLE = "engine_unavailable"  # connection refused or unreachable: nothing was sent
 ENGINE_TIMEOUT = "engine_timeout"  # no connection, or silence past the read timeout
 BAD_UPSTREAM = "bad_upstream"  # not HTTP, a head over the limits, closed with no answer
 STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
 UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
-# Admission's refusals (admission.py, concurrency_limit.py): 429 with a Retry-After.
+# Admission's refusals (admission/control.py, admission/limit.py): 429 with a Retry-After.
 QUEUE_FULL = "queue_full"  # the queue is at its hard cap (or, before any measurement, one round long)
 QUEUE_TIMEOUT = "queue_timeout"  # waited until the deadline without a slot
 SLO_UNREACHABLE = "slo_unreachable"  # the queue ahead cannot be served within the TTFT SLO: refused at once
@@ -349,7 +349,7 @@ def bodies_over_budget(retry_after: int) -> ApiError:
     )
 
 
-# Written by the HTTP protocol itself (front_end.py), before any request object exists.
+# Written by the HTTP protocol itself (edge/protocol.py), before any request object exists.
 def header_too_large(limit: int) -> ApiError:
     return ApiError(
         431,
@@ -361,7 +361,7 @@ def header_too_large(limit: int) -> ApiError:
 
 def chunk_framing_too_large(limit: int) -> ApiError:
     """A chunked body's trailer fields, or chunk lines padded with extensions: counted against
-    the header limits (front_end.py), and the same code as an oversized head."""
+    the header limits (edge/protocol.py), and the same code as an oversized head."""
     return ApiError(
         431,
         f"A chunked body's trailer fields or chunk extensions exceed {limit} bytes or the header count limit.",

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.admission import max_num_seqs
-from palmyra_serve.sidecar.engine_metrics import MAX_PAGE_BYTES, PAGE_COPIES
-from palmyra_serve.sidecar.engine_pool import HIGH_WATER, RCVBUF_CHARGED, READ_BYTES
+from palmyra_serve.sidecar.admission.control import max_num_seqs
+from palmyra_serve.sidecar.edge.protocol import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
 from palmyra_serve.sidecar.errors import MAX_ERROR_BODY
-from palmyra_serve.sidecar.front_end import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
-from palmyra_serve.sidecar.json_usage import MAX_GAP_BYTES, MAX_USAGE_BYTES
-from palmyra_serve.sidecar.sse import MAX_EVENT_BYTES
+from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES
+from palmyra_serve.sidecar.relay.usage import MAX_GAP_BYTES, MAX_USAGE_BYTES
+from palmyra_serve.sidecar.upstream.metrics_page import MAX_PAGE_BYTES, PAGE_COPIES
+from palmyra_serve.sidecar.upstream.pool import HIGH_WATER, RCVBUF_CHARGED, READ_BYTES
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -34,7 +34,7 @@ CLIENT_WRITE_HIGH_WATER = 64 * KIB
 # The kernel's socket buffers of one client connection, which cgroup v2 charges to the container:
 # the receive buffer at Linux's default size (tcp_rmem[1]; it grows only for a reader that keeps
 # up, and uvicorn stops reading only while a body waits to be consumed), and the unsent queue that
-# front_end.py caps with TCP_NOTSENT_LOWAT.
+# edge/protocol.py caps with TCP_NOTSENT_LOWAT.
 SOCKET_BUFFER_BYTES = 128 * KIB + NOTSENT_LOWAT
 # orjson's objects for the one value being parsed at a time (every parse is synchronous: the cost
 # check, an engine error body being reshaped, one read of SSE events joined to the unfinished
@@ -49,7 +49,7 @@ RELAY_BYTES = CHUNK_BYTES + CHUNK_BYTES + CLIENT_WRITE_HIGH_WATER + CHUNK_BYTES
 # An engine error is read instead of streamed: its unread rest, its pieces, their join and the
 # reshaped answer. Never more than a stream's buffers (tests/unit/test_edge_front_parts.py).
 ERROR_PATH_BYTES = CHUNK_BYTES + 3 * MAX_ERROR_BODY + CLIENT_WRITE_HIGH_WATER
-# Per generation, besides the relay buffers: the SSE account's unfinished event (sse.py skips an
+# Per generation, besides the relay buffers: the SSE account's unfinished event (relay/sse.py skips an
 # event that outgrows it), or a JSON body's usage scanner (a response is one or the other). Their
 # work on a read (joining it to the unfinished event, parsing its events) is synchronous: one at
 # a time, in the parse term.

@@ -18,8 +18,8 @@ import uvicorn
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
-from palmyra_serve.sidecar.auth import AuthConfigError
-from palmyra_serve.sidecar.front_end import bounded_protocol
+from palmyra_serve.sidecar.edge.protocol import bounded_protocol
+from palmyra_serve.sidecar.relay.auth import AuthConfigError
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -70,7 +70,7 @@ def serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=bounded_protocol(settings, app.sidecar.metrics),  # httptools, bounded (front_end.py)
+        http=bounded_protocol(settings, app.sidecar.metrics),  # httptools, bounded (edge/protocol.py)
         ws="none",
         lifespan="on",
         access_log=False,
@@ -84,7 +84,7 @@ def serve(settings: Settings) -> None:
     sockets = None
     if settings.probe_port:
         # Both listeners in one server: one app, one drain, one shutdown. The probe port's
-        # connections have their own cap (front_end.py) and paths (app.py).
+        # connections have their own cap (edge/protocol.py) and paths (app.py).
         sockets = [config.bind_socket(), _bind(settings.host, settings.probe_port, config.backlog)]
     DrainingServer(config, app).run(sockets=sockets)
 

@@ -2,7 +2,7 @@
 
 Per request: match the allow-list (routes.py; anything else is refused here, never relayed),
 check the key, read the body under a size and time limit, check a generation's cost on the values
-vLLM will use (request_cost.py), take an admission slot,
+vLLM will use (relay/cost.py), take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), record
 metrics and one log line. A watcher task notices a client that goes away, streamed or not, and
 cancels the relay at once; that closes the engine connection, which makes vLLM abort the generation.
@@ -20,19 +20,19 @@ import orjson
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.access_log import AccessLog
-from palmyra_serve.sidecar.admission import Admission, AdmissionControl, Draining, Refused, Ticket
-from palmyra_serve.sidecar.auth import ApiKeys
-from palmyra_serve.sidecar.engine_pool import EnginePool, EngineResponse, UpstreamError
-from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
-from palmyra_serve.sidecar.health import HealthState
-from palmyra_serve.sidecar.json_usage import UsageScanner
+from palmyra_serve.sidecar.admission.control import Admission, AdmissionControl, Draining, Refused, Ticket
+from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.memory_budget import body_budget
-from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.sidecar.request_cost import CostLimits
-from palmyra_serve.sidecar.request_cost import check as check_cost
+from palmyra_serve.sidecar.observability.access_log import AccessLog
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.relay.auth import ApiKeys
+from palmyra_serve.sidecar.relay.cost import CostLimits
+from palmyra_serve.sidecar.relay.cost import check as check_cost
+from palmyra_serve.sidecar.relay.sse import SseAccount
+from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
-from palmyra_serve.sidecar.sse import SseAccount
+from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse, UpstreamError
 
 # Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
 # Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
@@ -151,7 +151,7 @@ class Proxy:
             # The key first: without one, nothing about the routes is revealed (no 404 or 405).
             if not self.keys.check(auth):
                 raise _reject(self.metrics, errors.unauthorized())
-            mark_authenticated(scope)  # its connection is no longer anonymous (front_end.py)
+            mark_authenticated(scope)  # its connection is no longer anonymous (edge/protocol.py)
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
             if scope["method"] not in entry.methods:
@@ -235,7 +235,7 @@ class Proxy:
     async def _internal_fault(self, exc: Exception, send: Any, rid: str) -> None:
         """The sidecar's own code failed this request (a bug): counted, logged with its traceback,
         a 500 for the client if nothing was sent yet (else the connection is cut short), and told
-        to readiness, which turns false when every request fails this way (health.py)."""
+        to readiness, which turns false when every request fails this way (lifecycle/health.py)."""
         self.metrics.internal_errors.inc()
         self.state.report_sidecar_fault()
         log.error("internal error", exc_info=exc, extra={"fields": {"request_id": rid}})

@@ -1,7 +1,7 @@
 """The sidecar's connection to the engine: one aiohttp session, and the control-plane calls
 (health, model list, a generation) that health polling, warmup and the canary make.
 
-Client requests do not go through here: the relay has its own lean pool (engine_pool.py), chosen
+Client requests do not go through here: the relay has its own lean pool (upstream/pool.py), chosen
 by benchmarks/relay.py. These calls are few and off the hot path, so aiohttp's convenience is free.
 """
 

@@ -26,7 +26,7 @@ REJECTION_REASONS = errors.REJECTION_CODES
 UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
 RECLAIMED_KINDS = ("anonymous", "authenticated")
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
-# The phases of a start-up to ready (warmup.py): their sum is the time to ready.
+# The phases of a start-up to ready (lifecycle/warmup.py): their sum is the time to ready.
 STARTUP_PHASES = ("engine_up", "warmup")
 
 # LLM-sized buckets: a first token in milliseconds, a long generation in minutes.
@@ -117,7 +117,7 @@ class SidecarMetrics:
             "Requests the sidecar's own code failed (a bug to report); several in a row turn the replica not ready.",
             registry=r,
         )
-        # The connection cap (front_end.py): idle connections closed to admit a new one.
+        # The connection cap (edge/protocol.py): idle connections closed to admit a new one.
         self.connections_reclaimed = Counter(
             "palmyra_connections_reclaimed",
             "Idle client connections closed at the connection cap to admit a new one, by whether one of their"
@@ -196,7 +196,7 @@ class SidecarMetrics:
         child.inc()
 
     def bind_phase(self, current: Callable[[], str]) -> None:
-        """The readiness phase, read at scrape time (the one /ready shows: see health.py)."""
+        """The readiness phase, read at scrape time (the one /ready shows: see lifecycle/health.py)."""
         for phase in PHASES:
             self.phase.labels(phase).set_function(_is_phase(current, phase))
 

@@ -8,7 +8,7 @@ Two modes (PALMYRA_ADMISSION_MODE, docs/admission.md):
   timeout (max_in_flight, max_queue, queue_timeout_s).
 
 Both have the same surface (acquire -> Ticket, first_token, inter_token, release, drain, in_flight,
-queued, limit, ceiling), so the relay (proxy.py) does not care which it has. Refusals: `Refused`
+queued, limit, ceiling), so the relay (relay/handler.py) does not care which it has. Refusals: `Refused`
 (429 with its reason and Retry-After) and `Draining` (503).
 """
 
@@ -21,9 +21,8 @@ from collections import deque
 from typing import Protocol
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import engine_capacity
-from palmyra_serve.sidecar.adaptive_admission import AdaptiveAdmission, Draining, Refused
-from palmyra_serve.sidecar.concurrency_limit import (
+from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission, Draining, Refused
+from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
     ConcurrencyGate,
@@ -31,6 +30,7 @@ from palmyra_serve.sidecar.concurrency_limit import (
     Outcome,
     Ticket,
 )
+from palmyra_serve.sidecar.upstream import capacity
 
 __all__ = ["AdaptiveAdmission", "Admission", "AdmissionControl", "Draining", "Refused", "Ticket", "build_admission"]
 
@@ -80,10 +80,10 @@ def max_num_seqs(settings: Settings) -> int:
     """The engine's scheduler bound: --max-num-seqs when the launcher passes it, else vLLM's default
     for the platform. `auto` counts as an accelerator: the larger bound never under-admits, and the
     adaptive limit finds the engine's knee below it."""
-    given = engine_capacity.max_num_seqs_from_args(settings.engine_extra_args)
+    given = capacity.max_num_seqs_from_args(settings.engine_extra_args)
     if given is not None:
         return given
-    return engine_capacity.default_max_num_seqs(
+    return capacity.default_max_num_seqs(
         "cpu" if settings.platform == "cpu" else "accelerator", settings.tensor_parallel_size
     )
 
@@ -110,8 +110,8 @@ def learn_ceiling(admission: AdmissionControl, settings: Settings, engine_metric
     ceiling, or None when there is nothing to learn (fixed mode, or an operator's override)."""
     if not isinstance(admission, AdaptiveAdmission) or settings.admission_max_limit is not None:
         return None
-    labels = engine_capacity.cache_config(engine_metrics_text)
-    ceiling = engine_capacity.ceiling(max_num_seqs(settings), labels, settings.admission_kv_tokens_per_request)
+    labels = capacity.cache_config(engine_metrics_text)
+    ceiling = capacity.ceiling(max_num_seqs(settings), labels, settings.admission_kv_tokens_per_request)
     admission.gate.limiter.set_ceiling(ceiling, initial_limit(settings, ceiling))
     log.info(
         "admission ceiling from the engine",
@@ -120,7 +120,7 @@ def learn_ceiling(admission: AdmissionControl, settings: Settings, engine_metric
                 "ceiling": ceiling,
                 "limit": admission.limit,
                 "max_num_seqs": max_num_seqs(settings),
-                "kv_tokens": engine_capacity.kv_tokens(labels),
+                "kv_tokens": capacity.kv_tokens(labels),
             }
         },
     )

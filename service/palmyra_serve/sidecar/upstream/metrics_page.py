@@ -40,8 +40,8 @@ import aiohttp
 from starlette.responses import Response
 
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.front_end import DISCONNECT_HOOK, DisconnectHook
-from palmyra_serve.sidecar.upstream import EngineClient, PageTooLarge
+from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.upstream.control import EngineClient, PageTooLarge
 
 log = logging.getLogger("palmyra.sidecar")
 

@@ -56,7 +56,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.metrics import SidecarMetrics
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.routes import OTHER
 
 LINGER_S = 2.0
@@ -93,7 +93,7 @@ class DisconnectHook:
         self.on_disconnect: Callable[[], None] | None = None
         # Times the client's transport paused writing (its client read slower than the relay
         # wrote): a stream relayed across a pause was paced by its client, not by the engine, so
-        # admission learns no inter-token gap from it (proxy.py).
+        # admission learns no inter-token gap from it (relay/handler.py).
         self.write_pauses = 0
         self.authenticated = False
         self._abort = abort

@@ -18,7 +18,7 @@ Two numbers bound it, and the ceiling is the smaller one:
   long as the model allows.
 
 Feature-detected: missing labels simply drop that bound. Pure functions; the caller fetches
-/metrics (upstream.py's control-plane client) and passes the text.
+/metrics (upstream/control.py's control-plane client) and passes the text.
 """
 
 from __future__ import annotations

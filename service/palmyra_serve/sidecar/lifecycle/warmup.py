@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.health import HealthState
-from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.sidecar.upstream import EngineClient, GenerationResult
+from palmyra_serve.sidecar.lifecycle.health import HealthState
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.upstream.control import EngineClient, GenerationResult
 
 log = logging.getLogger("palmyra.warmup")
 

@@ -6,7 +6,7 @@ aiohttp spent about 45% of the sidecar's CPU per request, most of it in per-chun
 (one buffer entry, flow-control check and resume per HTTP chunk). Here every socket read is
 parsed in C and whatever it yielded is handed to the relay as one piece, so a burst of events
 the engine wrote back to back costs one wakeup and one write to the client. aiohttp stays for
-the control-plane calls (upstream.py), where its convenience costs nothing that matters.
+the control-plane calls (upstream/control.py), where its convenience costs nothing that matters.
 
 Deliberately narrow: one origin, HTTP/1.1, no redirects, cookies, proxies or decompression;
 bodies are relayed as the engine sent them, de-chunked. Interim (1xx) responses are skipped,

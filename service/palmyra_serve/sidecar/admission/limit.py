@@ -26,7 +26,7 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   congestion that a client could not have provoked: a 4xx is the request's own fault, an engine 5xx
   can be asked for (a prompt that breaks a template), a read timeout follows from a request's own
   length, a cut stream from its client. None of them moves the limit (an engine that really fails
-  is seen by health and readiness: health.py). Samples are sanitised on the way in (a NaN, an
+  is seen by health and readiness: lifecycle/health.py). Samples are sanitised on the way in (a NaN, an
   negative gap from a clock step is dropped; an infinite or huge one is capped), the arithmetic is
   total (no division by a sample that can be 0), and the limit stays finite within
   [floor, ceiling] whatever the samples (tests/unit/test_admission_properties.py).
@@ -49,7 +49,7 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   little about how the batch slows every stream, and the first streams after a raise run in a
   batch still filling up (measured: without the full-batch condition, slow start doubled 64 -> 256
   in two windows at 2x capacity while the streams admitted at 256 were all late).
-- Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see engine_capacity.py:
+- Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see upstream/capacity.py:
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
 - Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
 
@@ -66,7 +66,7 @@ mu, to drain to where a newcomer is admissible again (1 s before the first measu
 
 The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
 docs/admission.md; admission.build_admission() maps them.
-Nothing here does I/O or touches asyncio: adaptive_admission.py owns the waiters and calls these methods;
+Nothing here does I/O or touches asyncio: admission/adaptive.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
 
@@ -293,9 +293,9 @@ class AdaptiveLimit:
 
 
 class ConcurrencyGate:
-    """Counts, limit and queue policy together: what admission.py asks on every arrival and release.
+    """Counts, limit and queue policy together: what admission/control.py asks on every arrival and release.
 
-    Protocol (admission.py keeps the waiters, FIFO, and their timers):
+    Protocol (admission/control.py keeps the waiters, FIFO, and their timers):
       d = gate.arrive()                  admit -> relay; queue -> wait until d.deadline; refuse -> 429
       gate.dispatch(enqueued_at)         when handing a freed slot to the oldest waiter (while can_dispatch())
       gate.leave_queue()                 a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT)

@@ -273,7 +273,7 @@ class SseAccount:
             return
         if "error" in payload:
             # The engine's failure, unless it names a client error (4xx): what a client can
-            # provoke must not count against the engine (nor drop readiness, see proxy.py).
+            # provoke must not count against the engine (nor drop readiness, see relay/handler.py).
             error = payload["error"]
             code = error.get("code") if isinstance(error, dict) else None
             self.error = self.error or not (isinstance(code, int) and 400 <= code < 500)

@@ -1,8 +1,8 @@
 """The asyncio side of adaptive admission: FIFO waiters with deadlines in front of a ConcurrencyGate.
 
-The gate (concurrency_limit.py) decides; this keeps the waiting requests and their timers. Same
+The gate (admission/limit.py) decides; this keeps the waiting requests and their timers. Same
 shape as admission.Admission (acquire / release / drain, in_flight, queued, draining), plus the
-relay's latency reports, so proxy.py can switch with a few lines (docs/admission.md, "Wiring").
+relay's latency reports, so relay/handler.py can switch with a few lines (docs/admission.md, "Wiring").
 Refusals are raised as `Refused(reason, retry_after_s)`; the caller turns them into its 429 (errors.py
 owns the HTTP shape) and counts them under palmyra_rejections{reason}.
 
@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from palmyra_serve.sidecar.concurrency_limit import (
+from palmyra_serve.sidecar.admission.limit import (
     QUEUE_TIMEOUT,
     ConcurrencyGate,
     Decision,

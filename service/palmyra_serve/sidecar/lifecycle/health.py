@@ -3,7 +3,7 @@
 Liveness is the sidecar's judgement of the engine (the engine container's probe): it fails when
 the engine is dead (its /health refuses or errors after having answered once) or hung (its
 /health, or every generation, has been failing for longer than the liveness budget). Readiness is
-earned by the warmup job (warmup.py) and lost when the engine stops answering, the canary keeps
+earned by the warmup job (lifecycle/warmup.py) and lost when the engine stops answering, the canary keeps
 failing, or the sidecar drains. The relay reports what it sees at once (a refused connection, a
 stream cut by the engine): readiness drops on that report, and the next health poll that began
 after it confirms or clears it. Liveness waits for the poll: one cut stream is not a dead engine.
@@ -18,8 +18,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from palmyra_serve.sidecar.metrics import SidecarMetrics
-from palmyra_serve.sidecar.upstream import EngineClient
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.upstream.control import EngineClient
 
 # The sidecar's own code failing requests (an unexpected exception in the relay, never an engine
 # error or a client's doing): this many in a row, with no request completed between them, and the
@@ -48,7 +48,7 @@ class HealthState:
         self.generation_failing_since: float | None = None
         self.last_generation_ok: float | None = None
         self.warmup_seconds: float | None = None
-        self.startup_seconds: dict[str, float] | None = None  # the last start-up's phases (warmup.py)
+        self.startup_seconds: dict[str, float] | None = None  # the last start-up's phases (lifecycle/warmup.py)
         self.relay_failure: str | None = None  # what the relay last saw fail, until a later poll
         self.relay_failure_at = 0.0
         self.sidecar_faults_in_row = 0  # reset by every request the relay completes

@@ -1,0 +1,1 @@
+"""Who gets an engine slot: one protocol, fixed and adaptive admission, and the limit arithmetic."""

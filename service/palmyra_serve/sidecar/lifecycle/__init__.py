@@ -1,0 +1,1 @@
+"""From start to stop: engine health, warmup that earns readiness, and drain."""

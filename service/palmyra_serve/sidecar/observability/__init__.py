@@ -1,0 +1,1 @@
+"""What the sidecar tells operators: Prometheus metrics and the JSON access log."""
