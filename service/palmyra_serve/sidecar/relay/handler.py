@@ -3,9 +3,11 @@
 Per request: match the allow-list (routes.py; anything else is refused here, never relayed),
 check the key, read the body under a size and time limit, check a generation's cost on the values
 vLLM will use (relay/cost.py), take an admission slot,
-send upstream, relay status, headers and every chunk as it arrives (never buffered), record
-metrics and one log line. A watcher task notices a client that goes away, streamed or not, and
-cancels the relay at once; that closes the engine connection, which makes vLLM abort the generation.
+send upstream, relay status, headers and every chunk as it arrives (never buffered), count it in
+the metrics and fill in its RequestRecord (relay/record.py): the access log's line is that record's
+rendering, and admission learns from it. A client that goes away, streamed or not, cancels the
+relay at once (the front end's DisconnectHook, or ASGI's http.disconnect under another server);
+that closes the engine connection, which makes vLLM abort the generation.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.relay.cost import CostLimits
 from palmyra_serve.sidecar.relay.cost import check as check_cost
+from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
@@ -143,7 +146,7 @@ class Proxy:
         if listed:  # headers a Connection header names are hop-by-hop too (RFC 9110 section 7.6.1)
             fwd = [(n, v) for n, v in fwd if n not in listed]
         rid = request_id_from(rid_raw)
-        record = {"request_id": rid, "method": scope["method"], "path": path, "route": route}
+        record = RequestRecord(rid, scope["method"], path, route)
         status = 500
         held = 0
         body_read = False
@@ -163,10 +166,10 @@ class Proxy:
             held = len(body)
             if entry.generates and body:
                 self._check_cost(body, entry)
-            status = await self._admitted_relay(scope, send, entry, body, fwd, rid, record, t0)
+            status = await self._admitted_relay(scope, receive, send, entry, body, fwd, rid, record, t0)
         except errors.ApiError as exc:
             status = exc.status
-            record["error"] = exc.code
+            record.error = exc.code
             # Answered before its body was read: the connection ends after this response (the
             # front end lingers and discards the rest), and the client must be told so, or it
             # sends its next request into a closing connection (when closing, it was said already).
@@ -174,10 +177,10 @@ class Proxy:
             await errors.send_error(send, exc, rid, close)
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
-            record["client_disconnected"] = True
+            record.client_disconnected = True
         except Exception as exc:
             status = 500
-            record["error"] = errors.INTERNAL_ERROR
+            record.error = errors.INTERNAL_ERROR
             await self._internal_fault(exc, send, rid)
         else:
             self.state.sidecar_faults_in_row = 0
@@ -186,19 +189,20 @@ class Proxy:
             took = time.perf_counter() - t0
             self.metrics.count_request(route, status)
             self.metrics.duration.labels(route).observe(took)
-            record["status"] = status
-            record["duration_ms"] = round(took * 1000, 2)
-            self.access_log.write(time.time(), record)
+            record.status = status
+            record.duration_s = took
+            self.access_log.write(time.time(), record.log_fields())
 
     async def _admitted_relay(
         self,
         scope: dict,
+        receive: Any,
         send: Any,
         entry: Route,
         body: bytes,
         fwd: list[tuple[bytes, bytes]],
         rid: str,
-        record: dict,
+        record: RequestRecord,
         t0: float,
     ) -> int:
         """Admission, then the relay, with the client's going away heard throughout: a queued
@@ -207,7 +211,7 @@ class Proxy:
         generation sends nothing until it is done, so this is heard from the connection itself."""
         task = asyncio.current_task()
         assert task is not None
-        hook: DisconnectHook = scope[DISCONNECT_HOOK]
+        hook, watcher = _disconnect_hook(scope, receive)
         if hook.lost:
             raise ClientGone
         gone = _Gone(task)
@@ -215,15 +219,16 @@ class Proxy:
         try:
             gate = self._gate_of(entry)
             ticket = await self._admit(gate, record) if gate is not None else None
-            learnt = _Learnt(hook)
-            relayed: int | None = None
+            relayed = False
             try:
-                relayed = await self._relay(scope, send, entry.label, body, fwd, rid, record, t0, ticket, learnt)
-                return relayed
+                record.status = await self._relay(scope, send, entry.label, body, fwd, rid, record, t0, ticket, hook)
+                relayed = True
+                return record.status
             finally:
                 if gate is not None and ticket is not None:
-                    ok = relayed is not None and relayed < 300 and not learnt.failed
-                    gate.release(ticket, learnt.itl_s if ok else None, "ok" if ok else "ignore")
+                    gap = record.gap_to_learn() if relayed else None
+                    ok = relayed and record.status < 300 and not record.engine_failed
+                    gate.release(ticket, gap, "ok" if ok else "ignore")
         except asyncio.CancelledError:
             if gone.flag:
                 task.uncancel()  # our own cancellation, not the server's: report it as a gone client
@@ -231,6 +236,8 @@ class Proxy:
             raise
         finally:
             hook.on_disconnect = None
+            if watcher is not None:
+                watcher.cancel()
 
     async def _internal_fault(self, exc: Exception, send: Any, rid: str) -> None:
         """The sidecar's own code failed this request (a bug): counted, logged with its traceback,
@@ -254,7 +261,7 @@ class Proxy:
             return self.tokenize_gate
         return self.admission if self.gate_all else None
 
-    async def _admit(self, gate: AdmissionControl, record: dict) -> Ticket:
+    async def _admit(self, gate: AdmissionControl, record: RequestRecord) -> Ticket:
         """A slot in the engine, or the refusal: 429 with its reason and Retry-After, 503 when draining."""
         try:
             ticket = await gate.acquire()
@@ -263,8 +270,7 @@ class Proxy:
         except Draining:
             raise _reject(self.metrics, errors.draining(self.settings.retry_after_s)) from None
         self.metrics.queue_wait.observe(ticket.queue_wait_s)
-        if ticket.queue_wait_s:
-            record["queue_ms"] = round(ticket.queue_wait_s * 1000, 2)
+        record.queue_wait_s = ticket.queue_wait_s
         return ticket
 
     async def _read_body(self, receive: Any, clen: bytes | None) -> bytes:
@@ -339,10 +345,10 @@ class Proxy:
         body: bytes,
         fwd: list[tuple[bytes, bytes]],
         rid: str,
-        record: dict,
+        record: RequestRecord,
         t0: float,
         ticket: Ticket | None,
-        learnt: _Learnt,
+        hook: DisconnectHook,
     ) -> int:
         assert self.pool is not None
         fwd.append((b"x-request-id", rid.encode()))
@@ -351,27 +357,28 @@ class Proxy:
         target = RELAYED[scope["path"]].target  # the allow-list's canonical path, never the client's raw one
         if qs := scope.get("query_string"):
             target += b"?" + qs
-        learnt.sent_at = time.perf_counter()
+        pacing = _Pacing(hook)
+        record.sent_at = time.perf_counter()
         resp = await self._open(scope["method"], target, fwd, body, record)
         try:
             if resp.status >= 400:
                 return await self._relay_error(send, resp, rid, record)
-            return await self._stream(send, route, resp, rid, record, t0, ticket, learnt)
+            return await self._stream(send, route, resp, rid, record, t0, ticket, pacing)
         finally:
             resp.release()  # closes the connection unless the response was read to its end
 
-    def _upstream_failed(self, exc: UpstreamError, record: dict) -> errors.ApiError:
+    def _upstream_failed(self, exc: UpstreamError, record: RequestRecord) -> errors.ApiError:
         """Count, log and map a failure talking to the engine; tell readiness unless it was only slow."""
         code = exc.code
         self.metrics.upstream_error(code)
-        record["upstream_error"] = code
-        record["upstream_detail"] = str(exc)
+        record.upstream_error = code
+        record.upstream_detail = str(exc)
         if code != errors.ENGINE_TIMEOUT:
             self.state.report_engine_failure(code)
         return errors.upstream(code, self.settings.retry_after_s)
 
     async def _open(
-        self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes, record: dict
+        self, method: str, target: bytes, fwd: list[tuple[bytes, bytes]], body: bytes, record: RequestRecord
     ) -> EngineResponse:
         assert self.pool is not None
         try:
@@ -379,7 +386,7 @@ class Proxy:
         except UpstreamError as exc:
             raise self._upstream_failed(exc, record) from None
 
-    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str, record: dict) -> int:
+    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str, record: RequestRecord) -> int:
         """An engine error reaches the client rebuilt in OpenAI's shape, status kept
         (errors.from_engine: a 5xx's text only in the log, under the request id)."""
         parts: list[bytes] = []
@@ -419,10 +426,10 @@ class Proxy:
         route: str,
         resp: EngineResponse,
         rid: str,
-        record: dict,
+        record: RequestRecord,
         t0: float,
         ticket: Ticket | None,
-        learnt: _Learnt,
+        pacing: _Pacing,
     ) -> int:
         headers = _response_headers(resp, rid)
         ctype = resp.content_type
@@ -453,7 +460,7 @@ class Proxy:
                         elif probe and account.tokens_so_far() >= probe:
                             probe = 0
                             gap = account.token_gap()
-                            if gap is not None and not learnt.client_paced:
+                            if gap is not None and not pacing.by_client():
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
@@ -464,7 +471,7 @@ class Proxy:
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except UpstreamError as exc:
-            learnt.failed = True
+            record.engine_failed = True
             failure = self._upstream_failed(exc, record)
             if sse:
                 await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
@@ -474,10 +481,9 @@ class Proxy:
             # reports as a truncated response. Returning without completing the response makes
             # uvicorn close it (it logs one line, no traceback). Counted as the status the client
             # got; the access log says it was cut.
-            record["truncated"] = True
-            learnt.failed = True
+            record.truncated = True
             return resp.status
-        self._account(route, resp.status, first, t0, account, usage, record, learnt)
+        self._account(route, resp.status, first, t0, account, usage, record, pacing)
         return resp.status
 
     def _account(
@@ -488,12 +494,12 @@ class Proxy:
         t0: float,
         account: SseAccount | None,
         scanner: UsageScanner | None,
-        record: dict,
-        learnt: _Learnt,
+        record: RequestRecord,
+        pacing: _Pacing,
     ) -> None:
         if first:
             self.metrics.ttft.labels(route).observe(first - t0)
-            record["ttft_ms"] = round((first - t0) * 1000, 2)
+            record.ttft_s = first - t0
         if status != 200 or route not in GENERATION_ROUTES:
             return
         if account is not None:
@@ -501,8 +507,8 @@ class Proxy:
             if account.error:
                 # The engine ended the stream with its own error event (vLLM does when its core
                 # dies): the client got it; readiness hears of it now, as for a cut stream.
-                record["engine_error_event"] = True
-                learnt.failed = True
+                record.engine_error_event = True
+                record.engine_failed = True
                 self.state.record_generation(False)
                 self.state.report_engine_failure(ENGINE_ERROR_EVENT)
             else:
@@ -516,13 +522,10 @@ class Proxy:
             if per_token is None and (tokens := account.tokens_so_far()) >= 2:
                 # Every token came in one read (a fast engine, a coalescing network): the stream's
                 # whole time from the request's sending over its tokens bounds the gap from above.
-                per_token = (account.last_token - learnt.sent_at) / tokens
+                per_token = (account.last_token - record.sent_at) / tokens
             if per_token is not None:
-                record["itl_ms"] = round(per_token * 1000, 3)
-                if learnt.client_paced:
-                    record["client_paced"] = True  # the gap is the client's pace: admission ignores it
-                else:
-                    learnt.itl_s = per_token
+                record.token_gap_s = per_token
+                record.client_paced = pacing.by_client()  # then the gap is the client's pace
         else:
             self.state.record_generation(True)
             usage = scanner.usage() if scanner is not None else None
@@ -530,10 +533,10 @@ class Proxy:
             completion = reported if isinstance(reported, int) else 0
             prompt = usage.get("prompt_tokens") if usage else None
         self.metrics.output_tokens.labels(route).inc(completion)
-        record["completion_tokens"] = completion
+        record.completion_tokens = completion
         if isinstance(prompt, int):
             self.metrics.prompt_tokens.labels(route).inc(prompt)
-            record["prompt_tokens"] = prompt
+            record.prompt_tokens = prompt
 
 
 def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes]]:
@@ -556,23 +559,18 @@ def _closing_connection(send: Any) -> Any:
     return send_closing
 
 
-class _Learnt:
-    """What one relayed request teaches admission: the engine's inter-token gap when the stream
-    was paced by the engine (its client never made the relay wait: no write pause on the
-    connection since the request started), and whether the engine failed it (then nothing is
-    learnt: admission learns only from the engine's latency, and failures are health's to judge)."""
+class _Pacing:
+    """Whether a stream's client set its pace: the client's transport paused the relay's writes
+    (its reader was slower than the engine) since the stream began. Admission learns the engine's
+    gap only from streams the engine paced."""
 
-    __slots__ = ("failed", "hook", "itl_s", "pauses", "sent_at")
+    __slots__ = ("hook", "pauses")
 
     def __init__(self, hook: DisconnectHook) -> None:
         self.hook = hook
         self.pauses = hook.write_pauses
-        self.itl_s: float | None = None
-        self.failed = False
-        self.sent_at = 0.0  # perf_counter when the request went to the engine
 
-    @property
-    def client_paced(self) -> bool:
+    def by_client(self) -> bool:
         return self.hook.write_pauses != self.pauses
 
 
@@ -590,6 +588,26 @@ class _Gone:
         generation."""
         self.flag = True
         self.task.cancel()
+
+
+def _disconnect_hook(scope: dict, receive: Any) -> tuple[DisconnectHook, asyncio.Task | None]:
+    """The connection's DisconnectHook: the front end's (edge/protocol.py), which hears a client
+    leave from connection_lost at no cost per request; under another ASGI server, one made here
+    and fed by a task waiting on ASGI's own `http.disconnect` (the body is read by then, so that
+    task is receive()'s only caller)."""
+    hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+    if hook is not None:
+        return hook, None
+    hook = DisconnectHook()
+    return hook, asyncio.create_task(_hear_disconnect(receive, hook))
+
+
+async def _hear_disconnect(receive: Any, hook: DisconnectHook) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    hook.lost = True
+    if hook.on_disconnect is not None:
+        hook.on_disconnect()
 
 
 def _has_body(scope: dict, clen: bytes | None) -> bool:

@@ -1,0 +1,89 @@
+"""What one request did, as the relay measured it: one typed record per request.
+
+The relay fills it in as the request goes (relay/handler.py); two parts read it when it ends:
+admission learns from `gap_to_learn()` (the engine's pace, or nothing), and the access log writes
+`log_fields()`, the record's one rendering. Nothing reads the log back: times stay in seconds here
+and become rounded milliseconds only in the rendering.
+
+Access-log keys, each present only when it applies (its field is set): `request_id`, `method`,
+`path`, `route`, `status`, `duration_ms` always; `queue_ms` (waited for an admission slot),
+`ttft_ms` (first byte relayed), `itl_ms` (a generation's mean gap per token), `client_paced` (that
+gap was the client's reading pace), `completion_tokens`, `prompt_tokens`, `error` (the code of the
+sidecar's own answer), `upstream_error` and `upstream_detail` (a failure talking to the engine),
+`truncated` (a body cut short), `engine_error_event` (the engine's own error event in a stream),
+`client_disconnected` (the client left first; status 499).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    route: str
+    status: int = 500
+    duration_s: float = 0.0
+    queue_wait_s: float = 0.0
+    ttft_s: float | None = None
+    # A generation's mean gap per token, and whether its client's reading set that pace (then
+    # admission ignores it: the relay's writes had to wait on the client).
+    token_gap_s: float | None = None
+    client_paced: bool = False
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    error: str | None = None
+    upstream_error: str | None = None
+    upstream_detail: str | None = None
+    truncated: bool = False
+    engine_error_event: bool = False
+    client_disconnected: bool = False
+    # Not logged: the engine failed this request (a cut stream, an error event). Admission then
+    # learns nothing from it: failures are health's to judge, never a reason to lower the limit.
+    engine_failed: bool = False
+    sent_at: float = 0.0  # perf_counter when the request went to the engine
+
+    def gap_to_learn(self) -> float | None:
+        """The inter-token gap admission may learn from: only an engine-paced, successful
+        generation's (a status under 300, no failure, no client pacing)."""
+        if self.status >= 300 or self.engine_failed or self.client_paced:
+            return None
+        return self.token_gap_s
+
+    def log_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "method": self.method,
+            "path": self.path,
+            "route": self.route,
+        }
+        if self.queue_wait_s:
+            fields["queue_ms"] = round(self.queue_wait_s * 1000, 2)
+        if self.upstream_error is not None:
+            fields["upstream_error"] = self.upstream_error
+            fields["upstream_detail"] = self.upstream_detail
+        if self.ttft_s is not None:
+            fields["ttft_ms"] = round(self.ttft_s * 1000, 2)
+        if self.token_gap_s is not None:
+            fields["itl_ms"] = round(self.token_gap_s * 1000, 3)
+            if self.client_paced:
+                fields["client_paced"] = True
+        if self.engine_error_event:
+            fields["engine_error_event"] = True
+        if self.completion_tokens is not None:
+            fields["completion_tokens"] = self.completion_tokens
+        if self.prompt_tokens is not None:
+            fields["prompt_tokens"] = self.prompt_tokens
+        if self.truncated:
+            fields["truncated"] = True
+        if self.error is not None:
+            fields["error"] = self.error
+        if self.client_disconnected:
+            fields["client_disconnected"] = True
+        fields["status"] = self.status
+        fields["duration_ms"] = round(self.duration_s * 1000, 2)
+        return fields

@@ -1,0 +1,233 @@
+"""The relay's hot path (relay/handler.py) in-process: the real Proxy with real admission, metrics
+and health, driven through ASGI with no server; the engine pool and the client's disconnect are
+injected (ScriptedPool, a fault-injection stand-in for upstream/pool.py's EnginePool).
+
+The scope carries no front-end DisconnectHook, as under any ASGI server other than the sidecar's
+own: a client's going away is then heard through ASGI's `http.disconnect`."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.admission.control import build_admission
+from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.lifecycle.health import HealthState
+from palmyra_serve.sidecar.observability import access_log
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.relay.auth import ApiKeys
+from palmyra_serve.sidecar.relay.handler import Proxy
+from palmyra_serve.sidecar.upstream.pool import StreamInterrupted
+
+BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
+
+
+def sse_token(i: int) -> bytes:
+    event = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+class ScriptedResponse:
+    """An engine response whose body arrives as scripted: bytes, a pause on an event, or a fault."""
+
+    def __init__(self, status: int, content_type: bytes, script: list[Any]) -> None:
+        self.status = status
+        self.reason = "OK"
+        self.raw_headers = [(b"content-type", content_type), (b"server", b"engine"), (b"set-cookie", b"x=1")]
+        self.content_type = content_type.decode()
+        self._script = list(script)
+        self.released = False
+
+    async def read_some(self) -> bytes:
+        while self._script:
+            step = self._script.pop(0)
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+                continue
+            if isinstance(step, Exception):
+                raise step
+            return step
+        return b""
+
+    @property
+    def finished(self) -> bool:
+        return not self._script
+
+    def release(self) -> None:
+        self.released = True
+
+
+class ScriptedPool:
+    def __init__(self, response: ScriptedResponse) -> None:
+        self.response = response
+        self.requests: list[tuple[str, bytes, list[tuple[bytes, bytes]]]] = []
+
+    async def request(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
+        self.requests.append((method, target, headers))
+        return self.response
+
+
+class Harness:
+    def __init__(self, response: ScriptedResponse) -> None:
+        self.settings = Settings(auth_disabled=True)
+        self.metrics = SidecarMetrics()
+        self.health = HealthState(self.metrics, liveness_budget_s=30)
+        self.admission = build_admission(self.settings)
+        self.learnt: list[tuple[float | None, str]] = []
+        release = self.admission.release
+
+        def spy(ticket: Any, itl_s: float | None = None, outcome: Any = "ok") -> None:
+            self.learnt.append((itl_s, outcome))
+            release(ticket, itl_s, outcome)
+
+        self.admission.release = spy  # type: ignore[method-assign]  # a spy: the real release still runs
+        self.proxy = Proxy(
+            self.settings, self.metrics, self.admission, ApiKeys.from_settings(self.settings), self.health
+        )
+        self.log = io.StringIO()
+        self.proxy.access_log = access_log.AccessLog(self.log)
+        self.proxy.pool = ScriptedPool(response)  # type: ignore[assignment]
+        self.sent: list[dict] = []
+
+    async def call(self, receive: Callable[[], Awaitable[dict]], scope_extra: dict | None = None) -> None:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/completions",
+            "headers": [(b"content-type", b"application/json"), (b"x-request-id", b"req-1")],
+            "query_string": b"",
+            **(scope_extra or {}),
+        }
+
+        async def send(message: dict) -> None:
+            self.sent.append(message)
+
+        await self.proxy(scope, receive, send)
+        self.proxy.access_log.flush()
+
+    def logged(self) -> dict:
+        lines = self.log.getvalue().splitlines()
+        assert len(lines) == 1, lines
+        return json.loads(lines[0])
+
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+
+
+def body_then(after: asyncio.Event | None = None) -> Callable[[], Awaitable[dict]]:
+    """ASGI receive: the request body, then (once `after` is set, or never) the client's disconnect."""
+    messages = [{"type": "http.request", "body": BODY, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        if after is None:
+            await asyncio.Event().wait()
+        else:
+            await after.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+@pytest.fixture(autouse=True)
+def access_log_on() -> Any:
+    logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.INFO)
+    yield
+    logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.NOTSET)
+
+
+def test_a_stream_is_relayed_chunk_by_chunk_counted_logged_and_taught_to_admission() -> None:
+    chunks = [sse_token(i) for i in range(12)] + [b"data: [DONE]\n\n"]
+    h = Harness(ScriptedResponse(200, b"text/event-stream", chunks))
+    asyncio.run(h.call(body_then()))
+
+    start = h.sent[0]
+    assert start["status"] == 200
+    names = [n for n, _ in start["headers"]]
+    assert names == [b"content-type", b"x-request-id"]  # the engine's server and set-cookie stay inside
+    bodies = [m for m in h.sent if m["type"] == "http.response.body"]
+    assert [m["body"] for m in bodies] == chunks  # one write per chunk as it came, never buffered
+    assert bodies[-1]["more_body"] is False and all(m["more_body"] for m in bodies[:-1])
+    assert h.proxy.pool.response.released  # type: ignore[union-attr]
+    method, target, headers = h.proxy.pool.requests[0]  # type: ignore[union-attr]
+    assert (method, target) == ("POST", b"/v1/completions") and (b"x-request-id", b"req-1") in headers
+
+    line = h.logged()
+    assert line["status"] == 200 and line["completion_tokens"] == 12 and line["request_id"] == "req-1"
+    assert {"ttft_ms", "itl_ms", "duration_ms"} <= line.keys()
+    assert "error" not in line and "client_paced" not in line
+    assert len(h.learnt) == 1 and h.learnt[0][1] == "ok" and h.learnt[0][0] is not None
+    assert h.learnt[0][0] == pytest.approx(line["itl_ms"] / 1000, abs=1e-6)
+    assert h.admission.in_flight == 0
+
+
+def test_a_client_leaving_mid_stream_cancels_the_relay_under_a_plain_asgi_server() -> None:
+    gone = asyncio.Event()
+    never = asyncio.Event()  # the engine's next chunk, which the client never waits for
+    h = Harness(ScriptedResponse(200, b"text/event-stream", [sse_token(0), sse_token(1), never, sse_token(2)]))
+
+    async def scenario() -> None:
+        call = asyncio.create_task(h.call(body_then(gone)))
+        async with asyncio.timeout(5):
+            while len(h.sent) < 3:  # the start and two chunks are out; the engine is now silent
+                await asyncio.sleep(0.001)
+        gone.set()
+        async with asyncio.timeout(5):
+            await call  # returns without the engine ever speaking again
+
+    asyncio.run(scenario())
+    line = h.logged()
+    assert line["status"] == 499 and line["client_disconnected"] is True
+    assert h.proxy.pool.response.released  # type: ignore[union-attr]  # the engine connection is closed
+    assert h.learnt == [(None, "ignore")] and h.admission.in_flight == 0
+
+
+def test_the_front_ends_hook_is_used_when_present_and_no_receive_task_is_needed() -> None:
+    never = asyncio.Event()
+    h = Harness(ScriptedResponse(200, b"text/event-stream", [sse_token(0), never]))
+    hook = DisconnectHook()
+
+    async def scenario() -> None:
+        call = asyncio.create_task(h.call(body_then(), {DISCONNECT_HOOK: hook}))
+        async with asyncio.timeout(5):
+            while hook.on_disconnect is None or len(h.sent) < 2:
+                await asyncio.sleep(0.001)
+        hook.lost = True
+        hook.on_disconnect()  # what the front end's connection_lost does
+        async with asyncio.timeout(5):
+            await call
+
+    asyncio.run(scenario())
+    assert h.logged()["status"] == 499 and hook.on_disconnect is None
+
+
+def test_an_engine_failure_mid_stream_ends_it_with_an_error_event_and_teaches_admission_nothing() -> None:
+    h = Harness(
+        ScriptedResponse(200, b"text/event-stream", [sse_token(0), sse_token(1), StreamInterrupted("engine reset")])
+    )
+    asyncio.run(h.call(body_then()))
+    assert h.body().startswith(sse_token(0) + sse_token(1))
+    assert b'"code":"stream_interrupted"' in h.body().replace(b" ", b"")
+    line = h.logged()
+    assert line["upstream_error"] == "stream_interrupted" and line["upstream_detail"] == "engine reset"
+    assert h.learnt == [(None, "ignore")]
+
+
+def test_a_json_generation_is_relayed_whole_and_its_usage_counted() -> None:
+    answer = json.dumps(
+        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
+    ).encode()
+    h = Harness(ScriptedResponse(200, b"application/json", [answer[:10], answer[10:]]))
+    asyncio.run(h.call(body_then()))
+    assert h.body() == answer
+    line = h.logged()
+    assert (line["completion_tokens"], line["prompt_tokens"]) == (5, 3)
+    assert "itl_ms" not in line and h.learnt == [(None, "ok")]
