@@ -75,11 +75,11 @@ def test_token_gap_counts_tokens_from_usage_when_events_carry_several() -> None:
     # Four events 0.1 s apart, each carrying 4 tokens (vLLM coalesces under load), usage at the end.
     for i in range(4):
         acc.feed(_event("abcd"), 1.0 + 0.1 * i)
-    assert acc.tokens_so_far() == 4 and acc.token_gap() == pytest.approx(0.3 / 3)
+    assert acc.tokens_so_far() == 4 and acc.mean_token_gap() == pytest.approx(0.3 / 3)
     acc.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":16}}\n\ndata: [DONE]\n\n', 1.4)
     assert acc.tokens_so_far() == 16
-    assert acc.token_gap() == pytest.approx(0.3 / 15), "per token, not per event"
-    assert acc.inter_token_latency() == pytest.approx(0.1), "the per-event metric is unchanged"
+    assert acc.mean_token_gap() == pytest.approx(0.3 / 15), "per token, not per event"
+    assert acc.mean_event_gap() == pytest.approx(0.1), "the per-event metric is unchanged"
 
 
 def test_continuous_usage_gives_the_running_count_mid_stream() -> None:

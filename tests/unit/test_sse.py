@@ -86,7 +86,7 @@ def test_n_choices_are_counted_per_choice_and_itl_is_per_choice():
     assert acc.token_events == 12 and acc.per_choice == {0: 4, 1: 4, 2: 4}
     assert acc.completion_tokens() == 12
     # Three gaps of 50 ms between each choice's four tokens (not eleven gaps among twelve events).
-    assert acc.inter_token_latency() == pytest.approx(0.05)
+    assert acc.mean_event_gap() == pytest.approx(0.05)
 
 
 def test_usage_event_wins_over_counted_events_even_when_split_across_reads():

@@ -91,7 +91,7 @@ class Proxy:
         metrics: SidecarMetrics,
         admission: AdmissionControl,
         keys: ApiKeys,
-        state: HealthState,
+        health: HealthState,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -107,7 +107,7 @@ class Proxy:
             settings.retry_after_s,
         )
         self.keys = keys
-        self.state = state
+        self.health = health
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
         self.pool: EnginePool | None = None  # set by the app's lifespan
         self.access_log = AccessLog()
@@ -123,7 +123,7 @@ class Proxy:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
-        closing = self.state.draining
+        closing = self.health.draining
         if closing:
             send = _closing_connection(send)
         path = scope["path"]
@@ -183,7 +183,7 @@ class Proxy:
             record.error = errors.INTERNAL_ERROR
             await self._internal_fault(exc, send, rid)
         else:
-            self.state.sidecar_faults_in_row = 0
+            self.health.sidecar_faults_in_row = 0
         finally:
             self.body_held -= held
             took = time.perf_counter() - t0
@@ -244,7 +244,7 @@ class Proxy:
         a 500 for the client if nothing was sent yet (else the connection is cut short), and told
         to readiness, which turns false when every request fails this way (lifecycle/health.py)."""
         self.metrics.internal_errors.inc()
-        self.state.report_sidecar_fault()
+        self.health.report_sidecar_fault()
         log.error("internal error", exc_info=exc, extra={"fields": {"request_id": rid}})
         try:
             await errors.send_error(send, errors.internal_error(rid), rid)
@@ -374,7 +374,7 @@ class Proxy:
         record.upstream_error = code
         record.upstream_detail = str(exc)
         if code != errors.ENGINE_TIMEOUT:
-            self.state.report_engine_failure(code)
+            self.health.report_engine_failure(code)
         return errors.upstream(code, self.settings.retry_after_s)
 
     async def _open(
@@ -459,7 +459,7 @@ class Proxy:
                             self.admission.first_token(ticket)
                         elif probe and account.tokens_so_far() >= probe:
                             probe = 0
-                            gap = account.token_gap()
+                            gap = account.mean_token_gap()
                             if gap is not None and not pacing.by_client():
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
@@ -509,16 +509,16 @@ class Proxy:
                 # dies): the client got it; readiness hears of it now, as for a cut stream.
                 record.engine_error_event = True
                 record.engine_failed = True
-                self.state.record_generation(False)
-                self.state.report_engine_failure(ENGINE_ERROR_EVENT)
+                self.health.record_generation(False)
+                self.health.report_engine_failure(ENGINE_ERROR_EVENT)
             else:
-                self.state.record_generation(True)
+                self.health.record_generation(True)
             completion = account.completion_tokens()
             prompt = account.prompt_tokens()
-            itl = account.inter_token_latency()
+            itl = account.mean_event_gap()
             if itl is not None:
                 self.metrics.itl.labels(route).observe(itl)
-            per_token = account.token_gap()
+            per_token = account.mean_token_gap()
             if per_token is None and (tokens := account.tokens_so_far()) >= 2:
                 # Every token came in one read (a fast engine, a coalescing network): the stream's
                 # whole time from the request's sending over its tokens bounds the gap from above.
@@ -527,7 +527,7 @@ class Proxy:
                 record.token_gap_s = per_token
                 record.client_paced = pacing.by_client()  # then the gap is the client's pace
         else:
-            self.state.record_generation(True)
+            self.health.record_generation(True)
             usage = scanner.usage() if scanner is not None else None
             reported = usage.get("completion_tokens") if usage else None
             completion = reported if isinstance(reported, int) else 0

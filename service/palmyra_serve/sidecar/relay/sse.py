@@ -322,7 +322,7 @@ class SseAccount:
             return max(events, reported)
         return events
 
-    def token_gap(self) -> float | None:
+    def mean_token_gap(self) -> float | None:
         """The engine's mean time per generated token after its first read (the ITL the SLO speaks
         of; admission's sample): the time from the first token-bearing read to the last, over the
         tokens that arrived after that first read (the engine's own count when it reported usage for
@@ -337,8 +337,10 @@ class SseAccount:
             return None
         return span / after
 
-    def inter_token_latency(self) -> float | None:
-        """Mean gap between the token events of one choice (the busiest one), None under two."""
+    def mean_event_gap(self) -> float | None:
+        """Mean gap between the token events of one choice (the busiest one), None under two: what
+        palmyra_inter_token_latency_seconds observes. Admission's sample is mean_token_gap: under
+        load vLLM puts several tokens in one event, and only the per-token gap stays comparable."""
         steps = max(self.per_choice.values(), default=0)
         if steps < 2:
             return None
