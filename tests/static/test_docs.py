@@ -170,6 +170,7 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_RELIABILITY_FIGURES": ("tests/engine/reliability_support.py", "where the reliability suite appends its figures"),
+    "PALMYRA_UPDATE_CONTRACT": ("tests/static/test_contract.py", "rewrites the contract snapshot's golden files"),
 }
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
