@@ -10,11 +10,19 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from typing import get_args
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 
 S = argparse.SUPPRESS
+
+
+def _choices(field: str) -> list[str]:
+    """A flag's choices are its Settings field's Literal values: one list, in settings.py."""
+    values = get_args(Settings.model_fields[field].annotation)
+    assert values, f"Settings.{field} is not a Literal"
+    return list(values)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -34,20 +42,20 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         "--source",
         dest="model_source",
         default=S,
-        choices=["auto", "huggingface", "modelscope", "local", "stand-in"],
+        choices=_choices("model_source"),
         help="PALMYRA_MODEL_SOURCE",
     )
     p.add_argument(
         "--stand-in-size",
         dest="stand_in_size",
         default=S,
-        choices=["tiny", "full"],
+        choices=_choices("stand_in_size"),
         help="stand-in shape when no weights can be had (PALMYRA_STAND_IN_SIZE)",
     )
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", default=S, choices=["auto", "ascend", "cuda", "cpu"], help="PALMYRA_PLATFORM")
+    p.add_argument("--platform", default=S, choices=_choices("platform"), help="PALMYRA_PLATFORM")
     p.add_argument("--dtype", default=S, help="PALMYRA_DTYPE (default bfloat16)")
     p.add_argument("--max-model-len", dest="max_model_len", type=int, default=S, help="PALMYRA_MAX_MODEL_LEN")
     p.add_argument(
@@ -170,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sidecar)
 
     p = sub.add_parser("make-model", help="write the random-weight stand-in checkpoint")
-    p.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    p.add_argument("--size", choices=_choices("stand_in_size"), default="tiny")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_model)
