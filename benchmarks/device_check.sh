@@ -60,7 +60,7 @@ main() {
   facts | tee "$OUT/machine.txt"
 
   echo "== the sidecar's Python: carried wheels in /tmp/site, ./service, a venv for the palmyra-serve script"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "FAILED: wheel install"; return 1; }
   export PYTHONPATH="/tmp/site:$PWD/service"
   # tests/helpers/procs.py starts `palmyra-serve` from the folder of sys.executable: a venv of our own
