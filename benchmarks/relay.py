@@ -2,9 +2,12 @@
 
 Workload A: a fast fake engine that streams 64 SSE chunks per request at once, called directly,
 through nginx (the reference for what a proxy can do) and through the sidecar (auth, admission and
-metrics all on), at 1, 32 and 256 concurrent streams. wrk (native, so the client is not the
-bottleneck) gives requests/s; a lean asyncio client (the sidecar's own C-parsed pool) gives TTFT
-percentiles from alternating rounds; /proc gives each proxy's own CPU time per 1000 relayed requests.
+metrics all on), at 1, 32 and 256 concurrent streams (`--concurrency`; the sidecar's fixed admission
+limit and connection cap grow with the largest). wrk (native, so the client is not the bottleneck)
+gives requests/s; a lean asyncio client (the sidecar's own C-parsed pool) gives TTFT percentiles
+from alternating rounds; /proc gives each proxy's own CPU time per 1000 relayed requests. Where wrk
+cannot run, `--load lean` counts requests/s with that lean client instead (closed loop, spread
+over a few processes), and `--targets direct,sidecar` leaves nginx out.
 
 Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through nginx vs through the
 sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first request after /ready against the
@@ -12,7 +15,8 @@ steady-state p50 (warmup must have removed the cold start).
 
     python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
     python benchmarks/relay.py --workload A    # only the fake-engine relay
-Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH.
+    python benchmarks/relay.py --workload A --concurrency 1,32,256,1024 --load lean --targets direct,sidecar
+Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH, unless --load lean and no nginx target.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -95,6 +100,64 @@ def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
             "requests": int(re.search(r"(\d+) requests in", text).group(1))}
 
 
+async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
+    """wrk's measurement with the lean client: `conns` connections, each sending its next request as
+    soon as the previous one ended, for `seconds` after one warm request each. Counts what wrk counts."""
+    from palmyra_serve.sidecar.upstream.pool import EnginePool, UpstreamError
+
+    pool = EnginePool(base, 5, 60)
+    headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
+    body = BODY.encode()
+    counts = {"requests": 0, "non_2xx": 0, "errors": 0}
+    loop = asyncio.get_running_loop()
+    stop_at = 0.0
+
+    async def one() -> None:
+        try:
+            resp = await pool.request("POST", b"/v1/completions", headers, body)
+            while await resp.read_some():
+                pass
+            resp.release()
+        except UpstreamError:
+            counts["errors"] += 1
+            return
+        counts["requests"] += 1
+        counts["non_2xx"] += not 200 <= resp.status < 400
+
+    async def worker() -> None:
+        while loop.time() < stop_at:
+            await one()
+    await asyncio.gather(*(one() for _ in range(conns)))  # every connection opened and warm
+    counts["requests"] = counts["non_2xx"] = counts["errors"] = 0
+    t0 = loop.time()
+    stop_at = t0 + seconds
+    await asyncio.gather(*(worker() for _ in range(conns)))
+    counts["wall_s"] = loop.time() - t0
+    pool.close()
+    return counts
+
+
+def _lean_process(args: tuple[str, int, float]) -> dict:
+    return asyncio.run(lean_closed_loop(*args))
+
+
+def run_lean(url: str, conns: int, seconds: int) -> dict:
+    """requests/s of a closed loop of the lean client, in up to a quarter of the cores' processes
+    (at most `conns`), so one Python client process is not what limits the count."""
+    base = url.removesuffix("/v1/completions")
+    procs_n = max(1, min(conns, (os.cpu_count() or 1) // 4))
+    shares = [conns // procs_n + (i < conns % procs_n) for i in range(procs_n)]
+    if procs_n == 1:
+        parts = [_lean_process((base, conns, seconds))]
+    else:
+        with multiprocessing.get_context("fork").Pool(procs_n) as pool:
+            parts = pool.map(_lean_process, [(base, share, seconds) for share in shares])
+    requests = sum(p["requests"] for p in parts)
+    return {"rps": requests / max(p["wall_s"] for p in parts), "requests": requests,
+            "non_2xx": sum(p["non_2xx"] for p in parts),
+            "socket_errors": f"errors {sum(p['errors'] for p in parts)}", "client_processes": procs_n}
+
+
 async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> float:
     """Times to the first body bytes (appended to ttfts) at a fixed concurrency; returns SSE events
     per request. The client is the sidecar's own lean pool (C-parsed, keep-alive), so what it adds
@@ -146,38 +209,43 @@ def ttft_rounds(urls: dict[str, str], conns: int, rounds: int) -> dict[str, dict
     return out
 
 
-def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_rounds_n: int = 5) -> dict:
+def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_rounds_n: int = 5,
+               load: str = "wrk", names: tuple[str, ...] = ("direct", "nginx", "sidecar")) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
     lua.write_text(WRK_LUA.format(body=BODY, key=API_KEY))
     engine = procs.spawn([sys.executable, str(HERE / "fast_engine.py"), str(engine_port)], log_dir / "fast.log", {})
-    nginx = start_nginx(log_dir / "nginx-a", engine_port, nginx_port)
-    results: dict = {"concurrency": concurrencies, "targets": {}}
+    nginx = start_nginx(log_dir / "nginx-a", engine_port, nginx_port) if "nginx" in names else None
+    results: dict = {"concurrency": concurrencies, "targets": {}, "load": load}
     try:
         procs.wait_for(f"http://127.0.0.1:{engine_port}/health", engine, log_dir / "fast.log", 20)
-        procs.wait_for(f"http://127.0.0.1:{nginx_port}/health", nginx, log_dir / "nginx.log", 20)
-        # Fixed admission at 256: this workload measures the relay, not the adaptive limit (which
-        # would size itself to a fake engine that reports no capacity).
+        if nginx is not None:
+            procs.wait_for(f"http://127.0.0.1:{nginx_port}/health", nginx, log_dir / "nginx.log", 20)
+        # Fixed admission at 256 (or the largest concurrency, when larger): this workload measures
+        # the relay, not the adaptive limit (which would size itself to a fake engine that reports
+        # no capacity), so nothing may be refused; the connection cap is what that limit and the
+        # queue need plus its 64 spare.
+        in_flight = max(256, *concurrencies)
         env = {"PALMYRA_API_KEYS": API_KEY, "PALMYRA_ADMISSION_MODE": "fixed",
-               "PALMYRA_MAX_IN_FLIGHT": "256", "PALMYRA_MAX_QUEUE": "256",
+               "PALMYRA_MAX_IN_FLIGHT": str(in_flight), "PALMYRA_MAX_QUEUE": "256",
+               "PALMYRA_MAX_CONNECTIONS": str(in_flight + 256 + 64),
                "PALMYRA_LOG_LEVEL": "info", "PALMYRA_CANARY_INTERVAL_S": "3600"}
         with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
             import psutil
 
-            nginx_pids = [nginx.pid] + [c.pid for c in psutil.Process(nginx.pid).children(recursive=True)]
             sidecar_pids = [sidecar.proc.pid] + [c.pid for c in psutil.Process(sidecar.proc.pid).children(True)]
-            targets = {
-                "direct": (f"http://127.0.0.1:{engine_port}/v1/completions", [engine.pid]),
-                "nginx": (f"http://127.0.0.1:{nginx_port}/v1/completions", nginx_pids),
-                "sidecar": (f"{sidecar.url}/v1/completions", sidecar_pids),
-            }
+            targets = {"direct": (f"http://127.0.0.1:{engine_port}/v1/completions", [engine.pid])}
+            if nginx is not None:
+                nginx_pids = [nginx.pid] + [c.pid for c in psutil.Process(nginx.pid).children(recursive=True)]
+                targets["nginx"] = (f"http://127.0.0.1:{nginx_port}/v1/completions", nginx_pids)
+            targets["sidecar"] = (f"{sidecar.url}/v1/completions", sidecar_pids)
             for name in targets:
                 results["targets"][name] = {}
             for conns in concurrencies:
                 # Interleave targets per concurrency so drift on this noisy machine hits all alike.
                 for name, (url, pids) in targets.items():
                     cpu0 = cpu_seconds(pids)
-                    wrk = run_wrk(url, conns, seconds, lua)
+                    wrk = run_wrk(url, conns, seconds, lua) if load == "wrk" else run_lean(url, conns, seconds)
                     cpu = cpu_seconds(pids) - cpu0
                     results["targets"][name][str(conns)] = {
                         **wrk, "chunks_per_s": wrk["rps"] * 64,
@@ -187,11 +255,12 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_round
                 for name in targets:
                     row = results["targets"][name][str(conns)]
                     row.update(probes[name])
-                    print(f"A c={conns:<3} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
+                    print(f"A c={conns:<4} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
                           f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
                           f"  non2xx {row['non_2xx']}", flush=True)
     finally:
-        procs.stop(nginx, timeout_s=5)
+        if nginx is not None:
+            procs.stop(nginx, timeout_s=5)
         procs.stop(engine, timeout_s=5)
     return results
 
@@ -272,28 +341,32 @@ def report(a: dict | None, b: dict | None) -> str:
     lines = ["# Relay benchmark", "", f"Machine: {os.cpu_count()} cores, {platform_line()}; one run, side by side.", ""]
     if a:
         t = a["targets"]
+        names = [name for name in ("direct", "nginx", "sidecar") if name in t]
         lines += ["## Workload A: fast fake engine, 64 SSE chunks per request", "",
+                  "Requests/s from " + ("wrk." if a.get("load", "wrk") == "wrk"
+                                        else "the lean asyncio client (closed loop)."),
+                  "",
                   "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms | proxy CPU s / 1000 req |",
                   "|---|---|---|---|---|---|---|---|"]
         for c in a["concurrency"]:
             direct = t["direct"][str(c)]["rps"]
-            for name in ("direct", "nginx", "sidecar"):
+            for name in names:
                 r = t[name][str(c)]
                 cpu = "—" if name == "direct" else f"{r['proxy_cpu_s_per_1000']:.3f}"
                 lines.append(f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
                              f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |")
         cs = [c for c in a["concurrency"]]
-        s, n, d = t["sidecar"], t["nginx"], t["direct"]
+        s, n, d = t["sidecar"], t.get("nginx"), t["direct"]
         lines += ["", "Targets:", ""]
         for c in (x for x in cs if x >= 32):
             lines.append(f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)")
         if 1 in cs:
             lines.append(f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms "
                          f"(target ≤ 0.3 ms)")
-        if 32 in cs:
+        if 32 in cs and n:
             lines.append(f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's "
                          f"(target ≤ 1.5×)")
-        for c in cs:
+        for c in cs if n else ():
             lines.append(f"- CPU per relayed request at {c} streams: "
                          f"{s[str(c)]['proxy_cpu_s_per_1000'] / n[str(c)]['proxy_cpu_s_per_1000']:.1f}× nginx's "
                          f"(target ≤ 5×)")
@@ -322,17 +395,30 @@ def main() -> int:
     parser.add_argument("--workload", choices=["A", "B", "all"], default="all")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
     parser.add_argument("--concurrency", default="1,32,256")
+    parser.add_argument("--load", choices=["wrk", "lean"], default="wrk",
+                        help="workload A's requests/s: wrk, or the lean asyncio client where wrk cannot run")
+    parser.add_argument("--targets", default="direct,nginx,sidecar", help="workload A: which of direct,nginx,sidecar")
+    parser.add_argument("--ttft-rounds", type=int, default=5, help="workload A: alternating TTFT rounds per point")
     parser.add_argument("--rounds", type=int, default=6, help="workload B: alternating rounds per point")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
-    for tool in ("wrk", "nginx"):
-        if args.workload != "B" and not shutil.which(tool):
+    names = tuple(name for name in ("direct", "nginx", "sidecar") if name in args.targets.split(","))
+    if not {"direct", "sidecar"} <= set(names):
+        sys.exit("--targets needs direct and sidecar")
+    needed = set()
+    if args.workload != "B":
+        needed |= {"wrk"} if args.load == "wrk" else set()
+        needed |= {"nginx"} & set(names)
+    if args.workload != "A":
+        needed.add("nginx")
+    for tool in sorted(needed):
+        if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install wrk nginx-light")
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp)
-        a = workload_a(args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir) \
-            if args.workload in ("A", "all") else None
+        a = workload_a(args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir, args.ttft_rounds,
+                       args.load, names) if args.workload in ("A", "all") else None
         b = workload_b(args.rounds, args.max_tokens, log_dir) if args.workload in ("B", "all") else None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "relay.json").write_text(json.dumps({"A": a, "B": b}, indent=2))

@@ -27,8 +27,12 @@ default behaviour (first/token delays: the latency of a normal stream, before it
 between chunks, which the adaptive-admission tests turn up and down; generate_delay: every
 generation waits that long before answering at all; "one_write": true writes a whole stream, [DONE]
 included, in one write, as a fast engine or a coalescing network delivers it; "tokenize_delay_s": S,
-how long /tokenize takes; metrics_bytes: GET /metrics renders a page of about N bytes whose first
-series, fake_rendered_at_seconds, is the wall-clock time it was rendered at; 0: the small page);
+how long /tokenize takes; "max_running": N, at most N generations at once, the rest waiting in
+arrival order before they start, as vLLM's scheduler keeps requests waiting while its batch is
+full (0: no limit; with first_delay_s and one_write it is an engine of a known capacity,
+N / first_delay_s requests per second: benchmarks/overload.py); metrics_bytes: GET /metrics
+renders a page of about N bytes whose first series, fake_rendered_at_seconds, is the wall-clock
+time it was rendered at; 0: the small page);
 GET /fake/stats reports what it saw (aborted streams, request ids, `metrics_renders`: how many
 /metrics pages it rendered). GET /metrics is a small Prometheus page in vLLM's names.
 Run: python fake_engine.py PORT [--start-delay S] [--generate-delay S]
@@ -46,7 +50,8 @@ import time
 from aiohttp import web
 
 STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "metrics_bytes": 0, "first_delay_s": 0.0,
-         "token_delay_s": 0.0, "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0}
+         "token_delay_s": 0.0, "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0,
+         "max_running": 0}
 LEAKED_SECRET = "sk-live-LEAKED-0123"  # in the leaky 500's body: a client must never see it
 METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 b"# TYPE vllm:num_requests_running gauge\n"
@@ -54,7 +59,8 @@ METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model e
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {},
-         "tokenizing": 0, "tokenizing_max": 0, "metrics_renders": 0}
+         "tokenizing": 0, "tokenizing_max": 0, "metrics_renders": 0, "running": 0, "waiting": 0}
+SLOTS: dict[int, asyncio.Semaphore] = {}  # one per max_running value, made on first use
 
 
 @web.middleware
@@ -131,6 +137,25 @@ async def control(request: web.Request) -> web.Response:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
+    """A generation, in one of max_running slots when that is set (GET /fake/stats: running, waiting)."""
+    limit = int(STATE["max_running"])
+    if not limit:
+        return await _generate(request)
+    slots = SLOTS.setdefault(limit, asyncio.Semaphore(limit))
+    STATS["waiting"] += 1
+    try:
+        await slots.acquire()
+    finally:
+        STATS["waiting"] -= 1
+    STATS["running"] += 1
+    try:
+        return await _generate(request)
+    finally:
+        STATS["running"] -= 1
+        slots.release()
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
     STATS["requests"] += 1
     STATS["request_ids"].append(request.headers.get("x-request-id"))
     STATS["auth"].append(request.headers.get("authorization"))
