@@ -82,8 +82,8 @@ def test_a_failure_is_kept_like_a_page_and_is_a_503_in_openai_shape():
         now = [0.0]
         engine = Engine()
         cache = EngineMetricsCache(engine.fetch, 3, clock=lambda: now[0])
-        for exc, code in ((aiohttp.ClientConnectionError("refused"), errors.ENGINE_UNAVAILABLE),
-                          (TimeoutError(), errors.ENGINE_TIMEOUT), (PageTooLarge("big"), errors.BAD_UPSTREAM)):
+        for exc, code in ((aiohttp.ClientConnectionError("refused"), "engine_unavailable"),
+                          (TimeoutError(), "engine_timeout"), (PageTooLarge("big"), "bad_upstream")):
             engine.fail = exc
             now[0] += 1
             page = await cache.page()

@@ -93,15 +93,6 @@ def test_the_api_document_lists_exactly_the_relayed_routes():
         assert {m.upper() for m in PROXIED_PATHS[path]} == set(route.methods)
 
 
-def test_front_end_codes_are_the_codes_the_constructors_use():
-    made = {errors.not_found("GET", "/x").code, errors.method_not_allowed("GET", "/x", "POST").code,
-            errors.upgrade_refused().code, errors.invalid_parameter("n", "x").code,
-            errors.parameter_too_large("n", 9, 8).code, errors.invalid_role("x", "y").code,
-            errors.bodies_over_budget(1).code, errors.header_too_large(1).code, errors.request_line_too_long(1).code,
-            errors.too_many_connections(1).code, errors.header_timeout(1).code, errors.write_timeout(1).code}
-    assert made == set(errors.FRONT_END_CODES)
-
-
 def test_keys_fail_closed(tmp_path):
     with pytest.raises(AuthConfigError, match="PALMYRA_AUTH_DISABLED=true"):
         ApiKeys([])

@@ -22,8 +22,8 @@ from palmyra_serve.sidecar import errors
 ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
 # Label values are error codes (errors.py): a rejection's reason and an upstream failure's kind
 # are the `code` of the error the client got.
-REJECTION_REASONS = errors.REJECTION_CODES
-UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
+REJECTION_REASONS: tuple[str, ...] = errors.REJECTION_CODES
+UPSTREAM_ERROR_KINDS: tuple[str, ...] = errors.UPSTREAM_CODES
 RECLAIMED_KINDS = ("anonymous", "authenticated")
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
 # The phases of a start-up to ready (lifecycle/warmup.py): their sum is the time to ready.

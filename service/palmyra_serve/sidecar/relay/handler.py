@@ -177,7 +177,7 @@ class Proxy:
             record["client_disconnected"] = True
         except Exception as exc:
             status = 500
-            record["error"] = errors.INTERNAL_ERROR
+            record["error"] = errors.ErrorCode.INTERNAL_ERROR
             await self._internal_fault(exc, send, rid)
         else:
             self.state.sidecar_faults_in_row = 0
@@ -366,7 +366,7 @@ class Proxy:
         self.metrics.upstream_error(code)
         record["upstream_error"] = code
         record["upstream_detail"] = str(exc)
-        if code != errors.ENGINE_TIMEOUT:
+        if code != errors.ErrorCode.ENGINE_TIMEOUT:
             self.state.report_engine_failure(code)
         return errors.upstream(code, self.settings.retry_after_s)
 

@@ -137,11 +137,11 @@ class EngineMetricsCache:
 
     def _failure(self, exc: BaseException, started: float) -> Page:
         code = (
-            errors.ENGINE_TIMEOUT
+            errors.ErrorCode.ENGINE_TIMEOUT
             if isinstance(exc, TimeoutError)
-            else errors.BAD_UPSTREAM
+            else errors.ErrorCode.BAD_UPSTREAM
             if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError)
-            else errors.ENGINE_UNAVAILABLE
+            else errors.ErrorCode.ENGINE_UNAVAILABLE
         )
         log.warning("engine metrics unavailable", extra={"fields": {"error": code, "detail": str(exc)[:300]}})
         # 503 for every failure here: to a scraper the page is simply not there right now.

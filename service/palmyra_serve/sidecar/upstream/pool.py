@@ -56,21 +56,21 @@ class UpstreamError(Exception):
     """A failure talking to the engine. `code` is its error code (errors.py maps it to the status
     the client gets) and the label of palmyra_upstream_errors."""
 
-    code = errors.BAD_UPSTREAM
+    code = errors.ErrorCode.BAD_UPSTREAM
 
 
 class ConnectFailed(UpstreamError):
     """Nothing was written: the engine cannot have seen the request."""
 
-    code = errors.ENGINE_UNAVAILABLE
+    code = errors.ErrorCode.ENGINE_UNAVAILABLE
 
 
 class UpstreamTimeout(UpstreamError):
-    code = errors.ENGINE_TIMEOUT
+    code = errors.ErrorCode.ENGINE_TIMEOUT
 
 
 class StreamInterrupted(UpstreamError):
-    code = errors.STREAM_INTERRUPTED
+    code = errors.ErrorCode.STREAM_INTERRUPTED
 
 
 class _HeadTooLarge(Exception):
