@@ -17,7 +17,7 @@ from palmyra_serve.sidecar.app import create_app
 from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated
 from palmyra_serve.sidecar.observability.metrics import ROUTES, SidecarMetrics
 from palmyra_serve.sidecar.upstream import metrics_page
-from palmyra_serve.sidecar.upstream.control import PageTooLarge
+from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched
 
 REPO = Path(__file__).resolve().parents[2]

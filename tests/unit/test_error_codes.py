@@ -1,17 +1,28 @@
 """The error vocabulary as clients and dashboards see it, spelled out: each error's status, type
-and code, and the series /metrics shows from the first scrape. Literals on purpose: they are the
-contract errors.ErrorCode must keep."""
+and code, the series /metrics shows from the first scrape, and the code of each failure talking
+to the engine. Literals on purpose: they are the contract errors.ErrorCode must keep."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import aiohttp
 import pytest
 from prometheus_client import generate_latest
+from yarl import URL
 
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.upstream.failures import (
+    UPSTREAM_FAILURES,
+    ConnectFailed,
+    PageTooLarge,
+    StreamInterrupted,
+    UpstreamError,
+    UpstreamTimeout,
+    code_of,
+)
 
 ERRORS = [
     (errors.internal_error("r"), 500, "server_error", "internal_error"),
@@ -80,3 +91,37 @@ def test_a_front_end_refusal_counts_under_its_code_on_first_use() -> None:
     metrics.reject(errors.header_too_large(1).code)
     page = generate_latest(metrics.registry).decode()
     assert 'palmyra_rejections_total{reason="header_too_large"} 1.0' in page
+
+
+def _response_error() -> aiohttp.ClientResponseError:
+    url = URL("http://engine/metrics")
+    return aiohttp.ClientResponseError(aiohttp.RequestInfo(url, "GET", {}, url), (), status=500)
+
+
+FAILURES = [
+    (ConnectFailed("refused"), "engine_unavailable"),
+    (UpstreamTimeout("silent"), "engine_timeout"),
+    (StreamInterrupted("closed mid-body"), "stream_interrupted"),
+    (UpstreamError("not HTTP"), "bad_upstream"),
+    (PageTooLarge("big"), "bad_upstream"),
+    (TimeoutError(), "engine_timeout"),
+    (aiohttp.ServerTimeoutError("read"), "engine_timeout"),  # a ClientError and a TimeoutError both
+    (_response_error(), "bad_upstream"),
+    (aiohttp.ClientConnectionError("refused"), "engine_unavailable"),
+    (aiohttp.ClientPayloadError("cut"), "engine_unavailable"),
+    (ConnectionRefusedError(), "engine_unavailable"),
+]
+
+
+@pytest.mark.parametrize(("exc", "code"), FAILURES, ids=[type(row[0]).__name__ for row in FAILURES])
+def test_each_failure_talking_to_the_engine_has_its_code(exc: BaseException, code: str) -> None:
+    assert isinstance(exc, UPSTREAM_FAILURES)
+    assert code_of(exc) == code
+    if isinstance(exc, UpstreamError):
+        assert exc.code == code
+    assert errors.upstream(code_of(exc), 3).code == code
+
+
+def test_anything_else_is_not_named_an_engine_failure() -> None:
+    with pytest.raises(TypeError):
+        code_of(ValueError("a bug, not the engine"))

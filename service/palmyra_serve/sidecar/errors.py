@@ -43,7 +43,7 @@ class ErrorCode(StrEnum):
         member.status, member.type, member.family = status, kind, family
         return member
 
-    # Failures talking to the engine (upstream/pool.py names which failure is which): refused
+    # Failures talking to the engine (upstream/failures.py names which failure is which): refused
     # or unreachable (nothing was sent); no connection, or silence past the read timeout; not HTTP,
     # a head over the limits, or closed with no answer; closed in the middle of a body.
     ENGINE_UNAVAILABLE = "engine_unavailable", 503, "service_unavailable", Family.UPSTREAM
@@ -226,7 +226,7 @@ def stream_interrupted() -> ApiError:
 
 def upstream(code: str, retry_after: int) -> ApiError:
     """The error a client gets for a failure talking to the engine, by its code (one of
-    UPSTREAM_CODES: upstream/pool.py names the code of a failure)."""
+    UPSTREAM_CODES: upstream/failures.py names the code of a failure)."""
     if code == ErrorCode.ENGINE_UNAVAILABLE:
         return engine_unavailable(retry_after)
     if code == ErrorCode.ENGINE_TIMEOUT:

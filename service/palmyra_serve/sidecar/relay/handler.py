@@ -32,7 +32,8 @@ from palmyra_serve.sidecar.relay.cost import check as check_cost
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
-from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse, UpstreamError
+from palmyra_serve.sidecar.upstream.failures import UpstreamError
+from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse
 
 # Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
 # Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
