@@ -15,7 +15,8 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
 from palmyra_serve.sidecar.app import create_app
 from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated
-from palmyra_serve.sidecar.observability.metrics import ROUTES, SidecarMetrics
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.routes import ROUTE_LABELS
 from palmyra_serve.sidecar.upstream import metrics_page
 from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched
@@ -143,7 +144,7 @@ def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
     # The largest page the control app writes whole: the sidecar's /metrics with a series for
     # every route and every status an engine may answer, and the API document.
     metrics = SidecarMetrics()
-    for route in ROUTES:
+    for route in ROUTE_LABELS:
         for status in range(100, 1000):
             metrics.count_request(route, status)
     for code in (*errors.FRONT_END_CODES, *errors.REJECTION_CODES):
