@@ -222,7 +222,7 @@ def body(text: str, max_tokens: int) -> bytes:
 async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
     """Send one streamed completion and fill `r` as it goes (so a cancelled one keeps what it got).
     The client is the sidecar's own lean pool (C-parsed), the same for both targets."""
-    from palmyra_serve.sidecar.upstream.pool import UpstreamError
+    from palmyra_serve.sidecar.upstream.failures import UpstreamError
 
     t0 = time.perf_counter()
     first = last = 0.0

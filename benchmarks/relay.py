@@ -103,7 +103,8 @@ def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
 async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
     """wrk's measurement with the lean client: `conns` connections, each sending its next request as
     soon as the previous one ended, for `seconds` after one warm request each. Counts what wrk counts."""
-    from palmyra_serve.sidecar.upstream.pool import EnginePool, UpstreamError
+    from palmyra_serve.sidecar.upstream.failures import UpstreamError
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 5, 60)
     headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]

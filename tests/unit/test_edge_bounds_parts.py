@@ -15,9 +15,10 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
 from palmyra_serve.sidecar.app import create_app
 from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated
-from palmyra_serve.sidecar.observability.metrics import ROUTES, SidecarMetrics
+from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.routes import ROUTE_LABELS
 from palmyra_serve.sidecar.upstream import metrics_page
-from palmyra_serve.sidecar.upstream.control import PageTooLarge
+from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,8 +83,8 @@ def test_a_failure_is_kept_like_a_page_and_is_a_503_in_openai_shape():
         now = [0.0]
         engine = Engine()
         cache = EngineMetricsCache(engine.fetch, 3, clock=lambda: now[0])
-        for exc, code in ((aiohttp.ClientConnectionError("refused"), errors.ENGINE_UNAVAILABLE),
-                          (TimeoutError(), errors.ENGINE_TIMEOUT), (PageTooLarge("big"), errors.BAD_UPSTREAM)):
+        for exc, code in ((aiohttp.ClientConnectionError("refused"), "engine_unavailable"),
+                          (TimeoutError(), "engine_timeout"), (PageTooLarge("big"), "bad_upstream")):
             engine.fail = exc
             now[0] += 1
             page = await cache.page()
@@ -143,7 +144,7 @@ def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
     # The largest page the control app writes whole: the sidecar's /metrics with a series for
     # every route and every status an engine may answer, and the API document.
     metrics = SidecarMetrics()
-    for route in ROUTES:
+    for route in ROUTE_LABELS:
         for status in range(100, 1000):
             metrics.count_request(route, status)
     for code in (*errors.FRONT_END_CODES, *errors.REJECTION_CODES):

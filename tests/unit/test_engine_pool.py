@@ -9,13 +9,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from palmyra_serve.sidecar.upstream import pool as engine_pool
-from palmyra_serve.sidecar.upstream.pool import (
-    ConnectFailed,
-    EnginePool,
-    StreamInterrupted,
-    UpstreamError,
-    UpstreamTimeout,
-)
+from palmyra_serve.sidecar.upstream.failures import ConnectFailed, StreamInterrupted, UpstreamError, UpstreamTimeout
+from palmyra_serve.sidecar.upstream.pool import EnginePool
 
 OK_CHUNKED = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
               b"6\r\ndata: \r\n2\r\nx\n\r\n0\r\n\r\n")

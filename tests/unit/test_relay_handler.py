@@ -24,7 +24,7 @@ from palmyra_serve.sidecar.observability import access_log
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.relay.handler import Proxy
-from palmyra_serve.sidecar.upstream.pool import StreamInterrupted
+from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
 

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import Admission, Draining, Refused
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
@@ -29,7 +28,7 @@ def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
         assert adm.queued == 2
         with pytest.raises(Refused) as exc:
             await adm.acquire()
-        assert exc.value.reason == errors.QUEUE_FULL and exc.value.retry_after_s == 2
+        assert exc.value.reason == "queue_full" and exc.value.retry_after_s == 2
         adm.release()
         await asyncio.sleep(0)
         adm.release()
@@ -45,7 +44,7 @@ def test_admission_queue_timeout_and_drain():
         await adm.acquire()
         with pytest.raises(Refused) as exc:
             await adm.acquire()
-        assert exc.value.reason == errors.QUEUE_TIMEOUT and adm.queued == 0
+        assert exc.value.reason == "queue_timeout" and adm.queued == 0
         drained = asyncio.create_task(adm.drain(5))
         while not adm.draining:  # the drain task has begun
             await asyncio.sleep(0)

@@ -32,7 +32,8 @@ from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.relay.auth import ApiKeys, validate_engine_key
 from palmyra_serve.sidecar.relay.handler import Proxy
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
-from palmyra_serve.sidecar.upstream.control import EngineClient, PageTooLarge, new_session
+from palmyra_serve.sidecar.upstream.control import EngineClient, new_session
+from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES
 from palmyra_serve.sidecar.upstream.metrics_page import (
     FETCH_TIMEOUT_S,
     MAX_PAGE_BYTES,
@@ -105,7 +106,7 @@ async def read_engine_capacity(state: SidecarState, engine: EngineClient, interv
             if page.status == 200:
                 learn_ceiling(state.admission, state.settings, page.body.decode("utf-8", "replace"))
                 return
-        except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge):
+        except UPSTREAM_FAILURES:
             pass  # not up yet: the health poller reports that; try again
         await asyncio.sleep(interval_s)
 

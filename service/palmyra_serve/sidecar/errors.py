@@ -1,17 +1,98 @@
 """OpenAI-shaped errors: the one place that maps a failure to a status, a body and headers.
 
 Upstream error bodies are relayed unchanged by the proxy; everything here is an error the sidecar
-itself decides (its own rejections, or an engine it cannot talk to). The error code is also the
-metric label: a rejection counts in palmyra_rejections_total{reason=<code>}, a failure talking to
-the engine in palmyra_upstream_errors_total{kind=<code>} (reason == code, one vocabulary).
+itself decides (its own rejections, or an engine it cannot talk to). Every code it can send is a
+member of ErrorCode, with its status, its OpenAI type and its family; the code is also the metric
+label: a rejection counts in palmyra_rejections_total{reason=<code>}, a failure talking to the
+engine in palmyra_upstream_errors_total{kind=<code>} (reason == code, one vocabulary).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum, StrEnum
+from typing import Any, Self
 
 import orjson
+
+
+class Family(Enum):
+    """How a code is counted; the code sets below are read from it."""
+
+    UPSTREAM = "upstream"  # a failure talking to the engine: palmyra_upstream_errors{kind}, pre-created
+    OVERLOAD = "overload"  # admission's refusals (429 + Retry-After): palmyra_rejections{reason}, pre-created
+    REFUSAL = "refusal"  # the relay's other refusals: palmyra_rejections{reason}, pre-created
+    FRONT_END = "front_end"  # routes, protocol limits, request cost: palmyra_rejections{reason}, on first use
+    FAULT = "fault"  # the sidecar's or the engine's own failure: no rejection, no upstream kind
+
+
+class ErrorCode(StrEnum):
+    """Every `code` the sidecar sends. A member is its string (JSON bodies and metric labels read
+    the same as a plain str), and carries its HTTP status, OpenAI `type` and Family.
+
+    Order matters: the pre-created series of each family appear on /metrics in this order."""
+
+    _value_: str
+    status: int | None  # None: the engine's own status, kept (engine_error)
+    type: str
+    family: Family
+
+    def __new__(cls, code: str, status: int | None, kind: str, family: Family) -> ErrorCode:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.status, member.type, member.family = status, kind, family
+        return member
+
+    # Failures talking to the engine (upstream/failures.py names which failure is which): refused
+    # or unreachable (nothing was sent); no connection, or silence past the read timeout; not HTTP,
+    # a head over the limits, or closed with no answer; closed in the middle of a body.
+    ENGINE_UNAVAILABLE = "engine_unavailable", 503, "service_unavailable", Family.UPSTREAM
+    ENGINE_TIMEOUT = "engine_timeout", 504, "timeout", Family.UPSTREAM
+    BAD_UPSTREAM = "bad_upstream", 502, "bad_gateway", Family.UPSTREAM
+    STREAM_INTERRUPTED = "stream_interrupted", 502, "bad_gateway", Family.UPSTREAM
+    # Admission's refusals (admission/control.py, admission/limit.py): the queue at its hard cap
+    # (before any measurement, one round long); waited until the deadline without a slot; the
+    # queue ahead cannot be served within the TTFT SLO, refused at once.
+    QUEUE_FULL = "queue_full", 429, "rate_limit_error", Family.OVERLOAD
+    QUEUE_TIMEOUT = "queue_timeout", 429, "rate_limit_error", Family.OVERLOAD
+    SLO_UNREACHABLE = "slo_unreachable", 429, "rate_limit_error", Family.OVERLOAD
+    # The relay's other refusals.
+    REQUEST_TOO_LARGE = "request_too_large", 413, "invalid_request_error", Family.REFUSAL
+    REQUEST_TIMEOUT = "request_timeout", 408, "invalid_request_error", Family.REFUSAL
+    MAX_TOKENS_TOO_LARGE = "max_tokens_too_large", 400, "invalid_request_error", Family.REFUSAL
+    INVALID_JSON = "invalid_json", 400, "invalid_request_error", Family.REFUSAL
+    DRAINING = "draining", 503, "service_unavailable", Family.REFUSAL
+    INVALID_API_KEY = "invalid_api_key", 401, "authentication_error", Family.REFUSAL
+    # Failures of the sidecar's own code, and an engine's 5xx (from_engine).
+    INTERNAL_ERROR = "internal_error", 500, "server_error", Family.FAULT
+    ENGINE_ERROR = "engine_error", None, "server_error", Family.FAULT
+    # The front end's refusals: routes, protocol limits (edge/protocol.py), request cost.
+    NOT_FOUND = "not_found", 404, "invalid_request_error", Family.FRONT_END
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405, "invalid_request_error", Family.FRONT_END
+    # 400, not 426: 426 asks the client to switch protocols, the opposite of what is meant here.
+    UPGRADE_NOT_SUPPORTED = "upgrade_not_supported", 400, "invalid_request_error", Family.FRONT_END
+    INVALID_PARAMETER = "invalid_parameter", 400, "invalid_request_error", Family.FRONT_END
+    PARAMETER_TOO_LARGE = "parameter_too_large", 400, "invalid_request_error", Family.FRONT_END
+    INVALID_ROLE = "invalid_role", 400, "invalid_request_error", Family.FRONT_END
+    BODIES_OVER_BUDGET = "bodies_over_budget", 503, "service_unavailable", Family.FRONT_END
+    HEADER_TOO_LARGE = "header_too_large", 431, "invalid_request_error", Family.FRONT_END
+    URI_TOO_LONG = "uri_too_long", 414, "invalid_request_error", Family.FRONT_END
+    TOO_MANY_CONNECTIONS = "too_many_connections", 503, "service_unavailable", Family.FRONT_END
+    HEADER_TIMEOUT = "header_timeout", 408, "invalid_request_error", Family.FRONT_END
+    WRITE_TIMEOUT = "write_timeout", 408, "invalid_request_error", Family.FRONT_END
+
+
+def codes(*families: Family) -> tuple[ErrorCode, ...]:
+    """The codes of these families, in ErrorCode's order."""
+    return tuple(code for code in ErrorCode if code.family in families)
+
+
+UPSTREAM_CODES = codes(Family.UPSTREAM)
+OVERLOAD_CODES = codes(Family.OVERLOAD)
+# Pre-created as palmyra_rejections_total series (front-end codes count the same way, their series
+# appears on first use).
+REJECTION_CODES = codes(Family.OVERLOAD, Family.REFUSAL)
+FRONT_END_CODES = codes(Family.FRONT_END)
 
 
 @dataclass(frozen=True)
@@ -19,9 +100,15 @@ class ApiError(Exception):
     status: int
     message: str
     type: str
-    code: str
+    code: ErrorCode
     param: str | None = None
     retry_after: int | None = None
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str, **fields: Any) -> Self:
+        """The error `code` names, its status and type from the code's row."""
+        assert code.status is not None, f"{code} takes the engine's status"
+        return cls(code.status, message, code.type, code, **fields)
 
     def body(self) -> bytes:
         return orjson.dumps(
@@ -54,152 +141,97 @@ async def send_error(send: Any, exc: ApiError, request_id: str | None, close: bo
     await send({"type": "http.response.body", "body": body})
 
 
-# Codes of failures talking to the engine (upstream/pool.py raises them, upstream() maps them).
-ENGINE_UNAVAILABLE = "engine_unavailable"  # connection refused or unreachable: nothing was sent
-ENGINE_TIMEOUT = "engine_timeout"  # no connection, or silence past the read timeout
-BAD_UPSTREAM = "bad_upstream"  # not HTTP, a head over the limits, closed with no answer
-STREAM_INTERRUPTED = "stream_interrupted"  # closed in the middle of a body
-UPSTREAM_CODES = (ENGINE_UNAVAILABLE, ENGINE_TIMEOUT, BAD_UPSTREAM, STREAM_INTERRUPTED)
-# Admission's refusals (admission/control.py, admission/limit.py): 429 with a Retry-After.
-QUEUE_FULL = "queue_full"  # the queue is at its hard cap (or, before any measurement, one round long)
-QUEUE_TIMEOUT = "queue_timeout"  # waited until the deadline without a slot
-SLO_UNREACHABLE = "slo_unreachable"  # the queue ahead cannot be served within the TTFT SLO: refused at once
-OVERLOAD_CODES = (QUEUE_FULL, QUEUE_TIMEOUT, SLO_UNREACHABLE)
-# Codes of the sidecar's own refusals, pre-created as palmyra_rejections_total series; a code
-# added below counts the same way (its series appears on first use).
-REJECTION_CODES = (
-    *OVERLOAD_CODES,
-    "request_too_large",
-    "request_timeout",
-    "max_tokens_too_large",
-    "invalid_json",
-    "draining",
-    "invalid_api_key",
-)
-
-
-INTERNAL_ERROR = "internal_error"
+# --- the relay's own refusals and failures --------------------------------------------------
 
 
 def internal_error(request_id: str) -> ApiError:
-    return ApiError(
-        500,
-        f"The service failed on this request (request id {request_id}); it is logged.",
-        "server_error",
-        INTERNAL_ERROR,
+    return ApiError.of(
+        ErrorCode.INTERNAL_ERROR, f"The service failed on this request (request id {request_id}); it is logged."
     )
 
 
 def unauthorized() -> ApiError:
-    return ApiError(
-        401,
-        "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'.",
-        "authentication_error",
-        "invalid_api_key",
+    return ApiError.of(
+        ErrorCode.INVALID_API_KEY, "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."
     )
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(
-        413, f"Request body exceeds the limit of {limit} bytes.", "invalid_request_error", "request_too_large"
-    )
+    return ApiError.of(ErrorCode.REQUEST_TOO_LARGE, f"Request body exceeds the limit of {limit} bytes.")
 
 
 def body_timeout() -> ApiError:
-    return ApiError(408, "The request body was not received in time.", "invalid_request_error", "request_timeout")
+    return ApiError.of(ErrorCode.REQUEST_TIMEOUT, "The request body was not received in time.")
 
 
 def max_tokens_too_large(asked: int, cap: int, param: str) -> ApiError:
-    return ApiError(
-        400,
-        f"{param}={asked} exceeds this service's limit of {cap}.",
-        "invalid_request_error",
-        "max_tokens_too_large",
-        param=param,
+    return ApiError.of(
+        ErrorCode.MAX_TOKENS_TOO_LARGE, f"{param}={asked} exceeds this service's limit of {cap}.", param=param
     )
 
 
 def invalid_json() -> ApiError:
-    return ApiError(400, "The request body is not valid JSON.", "invalid_request_error", "invalid_json")
+    return ApiError.of(ErrorCode.INVALID_JSON, "The request body is not valid JSON.")
 
 
 def queue_full(retry_after: int) -> ApiError:
-    return ApiError(
-        429, "The service is at capacity; retry shortly.", "rate_limit_error", QUEUE_FULL, retry_after=retry_after
-    )
+    return ApiError.of(ErrorCode.QUEUE_FULL, "The service is at capacity; retry shortly.", retry_after=retry_after)
 
 
 def queue_timeout(retry_after: int) -> ApiError:
-    return ApiError(
-        429,
+    return ApiError.of(
+        ErrorCode.QUEUE_TIMEOUT,
         "The request waited too long for a free slot; retry shortly.",
-        "rate_limit_error",
-        QUEUE_TIMEOUT,
         retry_after=retry_after,
     )
 
 
 def slo_unreachable(retry_after: int) -> ApiError:
-    return ApiError(
-        429,
+    return ApiError.of(
+        ErrorCode.SLO_UNREACHABLE,
         "The service is at capacity: the requests ahead cannot be served within the latency objective; "
         "retry after the indicated time.",
-        "rate_limit_error",
-        SLO_UNREACHABLE,
         retry_after=retry_after,
     )
 
 
 def overloaded(reason: str, retry_after: int) -> ApiError:
     """Admission's refusal by its reason (one of OVERLOAD_CODES)."""
-    if reason == SLO_UNREACHABLE:
+    if reason == ErrorCode.SLO_UNREACHABLE:
         return slo_unreachable(retry_after)
-    if reason == QUEUE_TIMEOUT:
+    if reason == ErrorCode.QUEUE_TIMEOUT:
         return queue_timeout(retry_after)
     return queue_full(retry_after)
 
 
 def draining(retry_after: int) -> ApiError:
-    return ApiError(
-        503,
-        "This replica is shutting down; retry on another.",
-        "service_unavailable",
-        "draining",
-        retry_after=retry_after,
-    )
+    return ApiError.of(ErrorCode.DRAINING, "This replica is shutting down; retry on another.", retry_after=retry_after)
 
 
 def engine_unavailable(retry_after: int) -> ApiError:
-    return ApiError(
-        503,
-        "The inference engine is not reachable.",
-        "service_unavailable",
-        "engine_unavailable",
-        retry_after=retry_after,
-    )
+    return ApiError.of(ErrorCode.ENGINE_UNAVAILABLE, "The inference engine is not reachable.", retry_after=retry_after)
 
 
 def engine_timeout() -> ApiError:
-    return ApiError(504, "The inference engine did not answer in time.", "timeout", "engine_timeout")
+    return ApiError.of(ErrorCode.ENGINE_TIMEOUT, "The inference engine did not answer in time.")
 
 
 def bad_upstream() -> ApiError:
-    return ApiError(502, "The inference engine's answer could not be read.", "bad_gateway", "bad_upstream")
+    return ApiError.of(ErrorCode.BAD_UPSTREAM, "The inference engine's answer could not be read.")
 
 
 def stream_interrupted() -> ApiError:
-    return ApiError(
-        502, "The inference engine stopped in the middle of the stream.", "bad_gateway", "stream_interrupted"
-    )
+    return ApiError.of(ErrorCode.STREAM_INTERRUPTED, "The inference engine stopped in the middle of the stream.")
 
 
 def upstream(code: str, retry_after: int) -> ApiError:
-    """The error a client gets for a failure talking to the engine, by its code."""
-    if code == ENGINE_UNAVAILABLE:
+    """The error a client gets for a failure talking to the engine, by its code (one of
+    UPSTREAM_CODES: upstream/failures.py names the code of a failure)."""
+    if code == ErrorCode.ENGINE_UNAVAILABLE:
         return engine_unavailable(retry_after)
-    if code == ENGINE_TIMEOUT:
+    if code == ErrorCode.ENGINE_TIMEOUT:
         return engine_timeout()
-    if code == STREAM_INTERRUPTED:
+    if code == ErrorCode.STREAM_INTERRUPTED:
         return stream_interrupted()
     return bad_upstream()
 
@@ -213,7 +245,6 @@ MAX_ERROR_BODY = 64 * 1024
 # What of an engine's 4xx message a client gets: vLLM's say what was wrong with the request
 # (a context length, a bad parameter) and echo at most a little of it.
 MAX_CLIENT_MESSAGE = 1000
-ENGINE_ERROR = "engine_error"
 
 
 def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes:
@@ -230,9 +261,9 @@ def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes
             {
                 "error": {
                     "message": f"The inference engine failed on this request (request id {request_id}).",
-                    "type": "server_error",
+                    "type": ErrorCode.ENGINE_ERROR.type,
                     "param": None,
-                    "code": ENGINE_ERROR,
+                    "code": ErrorCode.ENGINE_ERROR,
                 }
             }
         )
@@ -265,7 +296,7 @@ def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes
 
 
 # --- the front end's refusals (routes, protocol limits, request cost) ------------------------
-# Each code is also the metric reason of palmyra_rejections_total.
+# Family.FRONT_END: each code is also the metric reason of palmyra_rejections_total.
 
 
 @dataclass(frozen=True)
@@ -281,132 +312,79 @@ class ApiErrorWithHeaders(ApiError):
 def not_found(method: str, path: str) -> ApiError:
     # OpenAI answers an unknown route with "Invalid URL (METHOD /path)"; the path is the decoded one,
     # already bounded by the front end's request-line limit.
-    return ApiError(404, f"Invalid URL ({method} {path[:200]})", "invalid_request_error", "not_found")
+    return ApiError.of(ErrorCode.NOT_FOUND, f"Invalid URL ({method} {path[:200]})")
 
 
 def not_a_probe_path(method: str, path: str, probe_paths: str) -> ApiError:
     """On the probe port, everything but the probes: the same code as an unknown route."""
-    return ApiError(
-        404,
-        f"Invalid URL ({method} {path[:200]}): this port serves only {probe_paths}.",
-        "invalid_request_error",
-        "not_found",
+    return ApiError.of(
+        ErrorCode.NOT_FOUND, f"Invalid URL ({method} {path[:200]}): this port serves only {probe_paths}."
     )
 
 
 def method_not_allowed(method: str, path: str, allow: str) -> ApiError:
-    return ApiErrorWithHeaders(
-        405,
+    return ApiErrorWithHeaders.of(
+        ErrorCode.METHOD_NOT_ALLOWED,
         f"Method {method[:20]} is not allowed on {path}; use {allow}.",
-        "invalid_request_error",
-        "method_not_allowed",
         extra=((b"allow", allow.encode()),),
     )
 
 
 def upgrade_refused() -> ApiError:
-    # 400, not 426: 426 asks the client to switch protocols, the opposite of what is meant here.
-    return ApiError(
-        400,
-        "Protocol upgrades (Upgrade header) are not supported here.",
-        "invalid_request_error",
-        "upgrade_not_supported",
-    )
+    return ApiError.of(ErrorCode.UPGRADE_NOT_SUPPORTED, "Protocol upgrades (Upgrade header) are not supported here.")
 
 
 def invalid_parameter(param: str, message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request_error", "invalid_parameter", param=param)
+    return ApiError.of(ErrorCode.INVALID_PARAMETER, message, param=param)
 
 
 def parameter_too_large(param: str, asked: int, cap: int) -> ApiError:
-    return ApiError(
-        400,
-        f"{param}={asked} exceeds this service's limit of {cap}.",
-        "invalid_request_error",
-        "parameter_too_large",
-        param=param,
+    return ApiError.of(
+        ErrorCode.PARAMETER_TOO_LARGE, f"{param}={asked} exceeds this service's limit of {cap}.", param=param
     )
 
 
 def invalid_role(role: object, allowed: str) -> ApiError:
     shown = role[:40] if isinstance(role, str) else type(role).__name__
-    return ApiError(
-        400,
-        f"Message role {shown!r} is not one of {allowed}.",
-        "invalid_request_error",
-        "invalid_role",
-        param="messages",
-    )
+    return ApiError.of(ErrorCode.INVALID_ROLE, f"Message role {shown!r} is not one of {allowed}.", param="messages")
 
 
 def bodies_over_budget(retry_after: int) -> ApiError:
-    return ApiError(
-        503,
+    return ApiError.of(
+        ErrorCode.BODIES_OVER_BUDGET,
         "Too many request bodies are held at once; retry shortly.",
-        "service_unavailable",
-        "bodies_over_budget",
         retry_after=retry_after,
     )
 
 
 # Written by the HTTP protocol itself (edge/protocol.py), before any request object exists.
 def header_too_large(limit: int) -> ApiError:
-    return ApiError(
-        431,
-        f"Request headers exceed {limit} bytes or the header count limit.",
-        "invalid_request_error",
-        "header_too_large",
-    )
+    return ApiError.of(ErrorCode.HEADER_TOO_LARGE, f"Request headers exceed {limit} bytes or the header count limit.")
 
 
 def chunk_framing_too_large(limit: int) -> ApiError:
     """A chunked body's trailer fields, or chunk lines padded with extensions: counted against
     the header limits (edge/protocol.py), and the same code as an oversized head."""
-    return ApiError(
-        431,
+    return ApiError.of(
+        ErrorCode.HEADER_TOO_LARGE,
         f"A chunked body's trailer fields or chunk extensions exceed {limit} bytes or the header count limit.",
-        "invalid_request_error",
-        "header_too_large",
     )
 
 
 def request_line_too_long(limit: int) -> ApiError:
-    return ApiError(414, f"The request line exceeds {limit} bytes.", "invalid_request_error", "uri_too_long")
+    return ApiError.of(ErrorCode.URI_TOO_LONG, f"The request line exceeds {limit} bytes.")
 
 
 def too_many_connections(retry_after: int) -> ApiError:
-    return ApiError(
-        503,
-        "Too many open connections; retry shortly.",
-        "service_unavailable",
-        "too_many_connections",
-        retry_after=retry_after,
+    return ApiError.of(
+        ErrorCode.TOO_MANY_CONNECTIONS, "Too many open connections; retry shortly.", retry_after=retry_after
     )
 
 
 def header_timeout(seconds: float) -> ApiError:
-    return ApiError(
-        408, f"The request head did not arrive within {seconds:g} s.", "invalid_request_error", "header_timeout"
-    )
+    return ApiError.of(ErrorCode.HEADER_TIMEOUT, f"The request head did not arrive within {seconds:g} s.")
 
 
 def write_timeout(seconds: float) -> ApiError:
     # Never sent (the client stopped reading); named so that its metric reason is its code too.
-    return ApiError(408, f"The client read nothing for {seconds:g} s.", "invalid_request_error", "write_timeout")
-
-
-# Every code above in this block: the metric reasons the front end adds to palmyra_rejections_total.
-FRONT_END_CODES = (
-    "not_found",
-    "method_not_allowed",
-    "upgrade_not_supported",
-    "invalid_parameter",
-    "parameter_too_large",
-    "invalid_role",
-    "bodies_over_budget",
-    "header_too_large",
-    "uri_too_long",
-    "too_many_connections",
-    "header_timeout",
-    "write_timeout",
-)
+    return ApiError.of(ErrorCode.WRITE_TIMEOUT, f"The client read nothing for {seconds:g} s.")

@@ -88,9 +88,9 @@ Outcome = Literal["ok", "ignore"]  # ok: a measured success; ignore: nothing lea
 MAX_SAMPLE_S = 3600.0
 
 # Refusal reasons: error codes (errors.py, the one vocabulary), also palmyra_rejections{reason}.
-QUEUE_FULL = errors.QUEUE_FULL
-QUEUE_TIMEOUT = errors.QUEUE_TIMEOUT
-SLO_UNREACHABLE = errors.SLO_UNREACHABLE
+QUEUE_FULL = errors.ErrorCode.QUEUE_FULL
+QUEUE_TIMEOUT = errors.ErrorCode.QUEUE_TIMEOUT
+SLO_UNREACHABLE = errors.ErrorCode.SLO_UNREACHABLE
 
 
 @dataclass(frozen=True)

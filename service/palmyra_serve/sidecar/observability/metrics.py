@@ -1,7 +1,7 @@
 """The sidecar's Prometheus instruments, on an injectable registry.
 
 Engine metrics stay on the engine's own /metrics; Prometheus scrapes both. Label values come from
-small fixed sets (routes, reasons, kinds), so cardinality cannot grow with traffic.
+small fixed sets (routes.py's route labels, errors.py's codes), so cardinality cannot grow with traffic.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from prometheus_client import (
 
 from palmyra_serve import __version__
 from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.routes import ROUTE_LABELS
 
-ROUTES = ("completions", "chat_completions", "models", "tokenize", "other")
 # Label values are error codes (errors.py): a rejection's reason and an upstream failure's kind
 # are the `code` of the error the client got.
-REJECTION_REASONS = errors.REJECTION_CODES
-UPSTREAM_ERROR_KINDS = errors.UPSTREAM_CODES
+REJECTION_REASONS: tuple[str, ...] = errors.REJECTION_CODES
+UPSTREAM_ERROR_KINDS: tuple[str, ...] = errors.UPSTREAM_CODES
 RECLAIMED_KINDS = ("anonymous", "authenticated")
 PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
 # The phases of a start-up to ready (lifecycle/warmup.py): their sum is the time to ready.
@@ -166,7 +166,7 @@ class SidecarMetrics:
 
         # Pre-create every child so each series exists from the first scrape and the hot path does
         # no label lookups for these.
-        for route in ROUTES:
+        for route in ROUTE_LABELS:
             self.duration.labels(route)
             self.ttft.labels(route)
             self.itl.labels(route)

@@ -35,7 +35,8 @@ from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
-from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse, UpstreamError
+from palmyra_serve.sidecar.upstream.failures import UpstreamError
+from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse
 
 # Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
 # Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
@@ -180,7 +181,7 @@ class Proxy:
             record.client_disconnected = True
         except Exception as exc:
             status = 500
-            record.error = errors.INTERNAL_ERROR
+            record.error = errors.ErrorCode.INTERNAL_ERROR
             await self._internal_fault(exc, send, rid)
         else:
             self.health.sidecar_faults_in_row = 0
@@ -373,7 +374,7 @@ class Proxy:
         self.metrics.upstream_error(code)
         record.upstream_error = code
         record.upstream_detail = str(exc)
-        if code != errors.ENGINE_TIMEOUT:
+        if code != errors.ErrorCode.ENGINE_TIMEOUT:
             self.health.report_engine_failure(code)
         return errors.upstream(code, self.settings.retry_after_s)
 

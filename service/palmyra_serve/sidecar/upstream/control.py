@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from palmyra_serve.sidecar.upstream.failures import PageTooLarge
+
 
 def new_session(connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
@@ -25,10 +27,6 @@ def new_session(connect_timeout_s: float, read_timeout_s: float) -> aiohttp.Clie
         skip_auto_headers=("User-Agent",),
         json_serialize=lambda o: orjson.dumps(o).decode(),
     )
-
-
-class PageTooLarge(Exception):
-    pass
 
 
 @dataclass

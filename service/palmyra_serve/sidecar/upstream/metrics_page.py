@@ -41,7 +41,8 @@ from starlette.responses import Response
 
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
-from palmyra_serve.sidecar.upstream.control import EngineClient, PageTooLarge
+from palmyra_serve.sidecar.upstream.control import EngineClient
+from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES, PageTooLarge, code_of
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -128,7 +129,7 @@ class EngineMetricsCache:
     async def _answer(self, started: float) -> Page:
         try:
             got = await self._fetch()
-        except (aiohttp.ClientError, OSError, TimeoutError, PageTooLarge) as exc:
+        except UPSTREAM_FAILURES as exc:
             return self._failure(exc, started)
         headers = [(b"content-type", got.content_type.encode("latin-1"))]
         if got.content_encoding:
@@ -136,13 +137,7 @@ class EngineMetricsCache:
         return Page(got.status, headers, got.body, started)
 
     def _failure(self, exc: BaseException, started: float) -> Page:
-        code = (
-            errors.ENGINE_TIMEOUT
-            if isinstance(exc, TimeoutError)
-            else errors.BAD_UPSTREAM
-            if isinstance(exc, PageTooLarge | aiohttp.ClientResponseError)
-            else errors.ENGINE_UNAVAILABLE
-        )
+        code = code_of(exc)
         log.warning("engine metrics unavailable", extra={"fields": {"error": code, "detail": str(exc)[:300]}})
         # 503 for every failure here: to a scraper the page is simply not there right now.
         failure = errors.upstream(code, self.retry_after_s)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.upstream.failures import ConnectFailed, StreamInterrupted, UpstreamError, UpstreamTimeout
 
 # Above this much unread body the engine connection stops being read, so a slow client slows the
 # engine's socket instead of growing the sidecar's memory. One read is at most READ_BYTES (the
@@ -50,27 +50,6 @@ MAX_IDLE_S = 4.0
 # vLLM sends under 1 KiB in a handful of fields; far more is a misbehaving engine, not data to hold.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
-
-
-class UpstreamError(Exception):
-    """A failure talking to the engine. `code` is its error code (errors.py maps it to the status
-    the client gets) and the label of palmyra_upstream_errors."""
-
-    code = errors.BAD_UPSTREAM
-
-
-class ConnectFailed(UpstreamError):
-    """Nothing was written: the engine cannot have seen the request."""
-
-    code = errors.ENGINE_UNAVAILABLE
-
-
-class UpstreamTimeout(UpstreamError):
-    code = errors.ENGINE_TIMEOUT
-
-
-class StreamInterrupted(UpstreamError):
-    code = errors.STREAM_INTERRUPTED
 
 
 class _HeadTooLarge(Exception):
