@@ -242,11 +242,11 @@ def test_queue_full_is_a_hard_cap() -> None:
     assert gate.arrive().action == "queue"  # nothing measured yet: one round (the limit) may queue
     d = gate.arrive()
     assert (d.action, d.reason) == ("refuse", QUEUE_FULL)
-    gate.limiter._limit = 8.0
-    assert [gate.arrive().action for _ in range(2)] == ["queue"] * 2
+    # A limit that would let a whole round queue: max_queue still caps it.
+    gate, _ = make(ceiling=64, initial_limit=8, min_limit=1, max_queue=3)
+    assert [gate.arrive().action for _ in range(8 + 3)] == ["admit"] * 8 + ["queue"] * 3
     d = gate.arrive()
     assert (d.action, d.reason, d.retry_after_s) == ("refuse", QUEUE_FULL, 1)
-    assert gate.refusals[QUEUE_FULL] == 2
 
 
 def test_failed_requests_teach_the_limit_nothing() -> None:

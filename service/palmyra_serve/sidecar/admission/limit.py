@@ -65,7 +65,7 @@ Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time 
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
 The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
-docs/admission.md; admission.build_admission() maps them.
+docs/admission.md; admission/control.py's build_admission() maps them.
 Nothing here does I/O or touches asyncio: admission/adaptive.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
@@ -293,9 +293,9 @@ class AdaptiveLimit:
 
 
 class ConcurrencyGate:
-    """Counts, limit and queue policy together: what admission/control.py asks on every arrival and release.
+    """Counts, limit and queue policy together: what AdaptiveAdmission asks on every arrival and release.
 
-    Protocol (admission/control.py keeps the waiters, FIFO, and their timers):
+    Protocol (AdaptiveAdmission, admission/adaptive.py, keeps the waiters, FIFO, and their timers):
       d = gate.arrive()                  admit -> relay; queue -> wait until d.deadline; refuse -> 429
       gate.dispatch(enqueued_at)         when handing a freed slot to the oldest waiter (while can_dispatch())
       gate.leave_queue()                 a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT)
@@ -313,7 +313,6 @@ class ConcurrencyGate:
         self._srtt: float | None = None  # smoothed engine TTFT
         self._rttvar = 0.0
         self._service_s: float | None = None  # smoothed dispatch -> finish of measured requests
-        self.refusals: dict[str, int] = {QUEUE_FULL: 0, QUEUE_TIMEOUT: 0, SLO_UNREACHABLE: 0}
 
     @property
     def limit(self) -> int:
@@ -357,7 +356,6 @@ class ConcurrencyGate:
         return int(max(1, math.ceil(excess)))
 
     def refusal(self, reason: str) -> Decision:
-        self.refusals[reason] = self.refusals.get(reason, 0) + 1
         return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s())
 
     # --- the calls admission makes ---------------------------------------------------------
@@ -382,7 +380,6 @@ class ConcurrencyGate:
         if self.queued == 0 and self.can_dispatch():
             self.in_flight += 1
             return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit))
-        self.refusals[QUEUE_FULL] = self.refusals.get(QUEUE_FULL, 0) + 1
         return Decision("refuse", reason=QUEUE_FULL, retry_after_s=self.config.retry_after_max_s)
 
     def dispatch(self, enqueued_at: float) -> Ticket:
