@@ -24,8 +24,9 @@ from palmyra_serve.sidecar.admission.limit import (
 
 
 def admission(limit: int = 2, ttft_slo_s: float = 0.3, clock=time.monotonic) -> AdaptiveAdmission:
-    cfg = LimitConfig(mode="fixed", fixed_limit=limit, ttft_slo_s=ttft_slo_s)
-    return AdaptiveAdmission(ConcurrencyGate(cfg, ceiling=64, clock=clock))
+    """Floor, start and ceiling all at `limit`: the limit cannot move, so what is tested is the waiters."""
+    cfg = LimitConfig(min_limit=limit, initial_limit=limit, ttft_slo_s=ttft_slo_s)
+    return AdaptiveAdmission(ConcurrencyGate(cfg, ceiling=limit, clock=clock))
 
 
 async def until(cond) -> None:

@@ -3,6 +3,7 @@ engine, where the limit starts, the refusal's HTTP shape, and the relay's per-to
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -52,6 +53,20 @@ def test_a_limit_that_already_moved_keeps_its_value_under_a_new_ceiling() -> Non
     learn_ceiling(adm, Settings(platform="cpu", admission_kv_tokens_per_request=32768, auth_disabled=True),
                   CACHE_INFO)
     assert adm.limit == 64, "clamped to the new ceiling (2 097 152 / 32 768), not restarted"
+
+
+def test_fixed_mode_never_moves_whatever_the_latency() -> None:
+    async def scenario() -> None:
+        adm = Admission(max_in_flight=7, max_queue=0, queue_timeout_s=1.0, retry_after_s=1)
+        for itl in (0.001, 5.0, float("nan"), float("inf")):  # fast, far past the SLO, hostile
+            tickets = [await adm.acquire() for _ in range(7)]
+            for ticket in tickets:
+                adm.first_token(ticket)
+                adm.inter_token(ticket, itl)
+                adm.release(ticket, itl, "ok")
+            assert (adm.limit, adm.ceiling, adm.in_flight) == (7, 7, 0)
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("reason", errors.OVERLOAD_CODES)

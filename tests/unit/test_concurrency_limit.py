@@ -168,14 +168,6 @@ def test_limit_stays_between_floor_and_ceiling_whatever_the_latency() -> None:
         assert all(2 <= lim <= 20 for lim in sim.limits)
 
 
-def test_fixed_mode_never_moves() -> None:
-    gate, clock = make(mode="fixed", fixed_limit=7, ceiling=64)
-    for latency in (fast, slow):
-        sim = Sim(gate, clock, latency)
-        sim.run(rate=80, seconds=10)
-        assert set(sim.limits) == {7}
-
-
 def test_queue_wait_is_bounded_by_what_the_ttft_slo_leaves() -> None:
     gate, clock = make(ceiling=16, initial_limit=16)
     sim = Sim(gate, clock, batch_bound)

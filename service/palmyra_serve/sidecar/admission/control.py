@@ -61,8 +61,6 @@ class AdmissionControl(Protocol):
 
 def limit_config(settings: Settings, initial: int) -> LimitConfig:
     return LimitConfig(
-        mode=settings.admission_mode,
-        fixed_limit=settings.max_in_flight,
         min_limit=settings.admission_min_limit,
         initial_limit=initial,
         max_queue=settings.max_queue,
