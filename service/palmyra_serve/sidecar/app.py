@@ -25,6 +25,7 @@ from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, build_admission, learn_ceiling
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
@@ -56,8 +57,9 @@ class SidecarState:
     def __init__(self, settings: Settings, metrics: SidecarMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.health = HealthState(metrics, settings.liveness_budget_s)
-        self.admission = build_admission(settings)
+        self.drain_state = DrainState()  # moved only by drain() below; readiness and admission read it
+        self.health = HealthState(metrics, settings.liveness_budget_s, drain=self.drain_state)
+        self.admission = build_admission(settings, self.drain_state)
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
         metrics.bind_admission(
             lambda: self.admission.limit, lambda: self.admission.ceiling, self.admission.max_queue_wait_s
@@ -72,7 +74,7 @@ class SidecarState:
 
     async def drain(self) -> bool:
         """Turn not-ready, keep serving for the propagation delay, then refuse (503 + Retry-After)
-        while listening and wait for in-flight work."""
+        while listening and wait for in-flight work: the two steps of lifecycle/drain.py."""
         self.health.begin_drain()
         if self.settings.drain_propagation_s > 0:
             # Endpoints and gateways still route here for a while: refusing now would fail those requests.

@@ -1,15 +1,15 @@
 """Admission control: which requests the engine gets, which wait, which are refused; and drain.
 
 Two modes (PALMYRA_ADMISSION_MODE, docs/admission.md):
-- adaptive (the default): adaptive_admission.AdaptiveAdmission over a concurrency_limit.ConcurrencyGate,
-  whose limit follows the measured latency against the SLOs under a ceiling read from the engine,
-  and whose queue only holds what can still start within the TTFT SLO.
+- adaptive (the default): admission/adaptive.py's AdaptiveAdmission over admission/limit.py's
+  ConcurrencyGate, whose limit follows the measured latency against the SLOs under a ceiling read
+  from the engine, and whose queue only holds what can still start within the TTFT SLO.
 - fixed: `Admission` below, a bounded number of requests in flight, a bounded FIFO queue with a
   timeout (max_in_flight, max_queue, queue_timeout_s).
 
-Both have the same surface (acquire -> Ticket, first_token, inter_token, release, drain, in_flight,
-queued, limit, ceiling), so the relay (relay/handler.py) does not care which it has. Refusals: `Refused`
-(429 with its reason and Retry-After) and `Draining` (503).
+Both answer admission/protocol.py's AdmissionControl (acquire -> Ticket, first_token, inter_token,
+release, drain, in_flight, queued, limit, ceiling), so the relay (relay/handler.py) does not care
+which it has. Refusals: `Refused` (429 with its reason and Retry-After) and `Draining` (503).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Protocol
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission, Draining, Refused
+from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -30,33 +29,13 @@ from palmyra_serve.sidecar.admission.limit import (
     Outcome,
     Ticket,
 )
+from palmyra_serve.sidecar.admission.protocol import AdmissionControl, Drainable, Draining, Refused
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 from palmyra_serve.sidecar.upstream import capacity
 
 __all__ = ["AdaptiveAdmission", "Admission", "AdmissionControl", "Draining", "Refused", "Ticket", "build_admission"]
 
 log = logging.getLogger("palmyra.sidecar")
-
-
-class AdmissionControl(Protocol):
-    draining: bool
-
-    @property
-    def probe_tokens(self) -> int: ...  # the relay reports a stream's mean gap after this many tokens (0: never)
-
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def queued(self) -> int: ...
-    @property
-    def limit(self) -> int: ...
-    @property
-    def ceiling(self) -> int: ...
-    def max_queue_wait_s(self) -> float: ...
-    async def acquire(self) -> Ticket: ...
-    def first_token(self, ticket: Ticket) -> None: ...
-    def inter_token(self, ticket: Ticket, itl_s: float) -> None: ...
-    def release(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None: ...
-    async def drain(self, timeout_s: float) -> bool: ...
 
 
 def limit_config(settings: Settings, initial: int) -> LimitConfig:
@@ -94,13 +73,17 @@ def initial_limit(settings: Settings, ceiling: int) -> int:
     return settings.admission_initial_limit or max(settings.admission_min_limit, ceiling // 2)
 
 
-def build_admission(settings: Settings) -> AdmissionControl:
-    """The admission of PALMYRA_ADMISSION_MODE. Adaptive starts with the ceiling it can know without
-    the engine (the override, else max-num-seqs); learn_ceiling() narrows it once the engine answers."""
+def build_admission(settings: Settings, drain: DrainState | None = None) -> AdmissionControl:
+    """The admission of PALMYRA_ADMISSION_MODE, closed by `drain` (lifecycle/drain.py). Adaptive starts
+    with the ceiling it can know without the engine (the override, else max-num-seqs); learn_ceiling()
+    narrows it once the engine answers."""
     if settings.admission_mode == "fixed":
-        return Admission(settings.max_in_flight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
+        return Admission(
+            settings.max_in_flight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s, drain
+        )
     ceiling = settings.admission_max_limit or max_num_seqs(settings)
-    return AdaptiveAdmission(ConcurrencyGate(limit_config(settings, initial_limit(settings, ceiling)), ceiling))
+    gate = ConcurrencyGate(limit_config(settings, initial_limit(settings, ceiling)), ceiling)
+    return AdaptiveAdmission(gate, drain)
 
 
 def learn_ceiling(admission: AdmissionControl, settings: Settings, engine_metrics_text: str) -> int | None:
@@ -125,7 +108,7 @@ def learn_ceiling(admission: AdmissionControl, settings: Settings, engine_metric
     return ceiling
 
 
-class Admission:
+class Admission(Drainable):
     """Fixed mode: max_in_flight slots, a FIFO queue of max_queue waiting up to queue_timeout_s.
 
     The engine batches what it is given, so the limit exists to keep latency bounded and to answer
@@ -134,16 +117,21 @@ class Admission:
 
     probe_tokens = 0  # latency reports change nothing here
 
-    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float, retry_after_s: int) -> None:
+    def __init__(
+        self,
+        max_in_flight: int,
+        max_queue: int,
+        queue_timeout_s: float,
+        retry_after_s: int,
+        drain: DrainState | None = None,
+    ) -> None:
+        super().__init__(drain)
         self.max_in_flight = max_in_flight
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self.in_flight = 0
-        self.draining = False
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def queued(self) -> int:
@@ -217,13 +205,3 @@ class Admission:
             pass
         if not self._waiters and self.in_flight == 0:
             self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests from now on; wait until nothing is in flight or queued. True if it emptied."""
-        self.draining = True
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-            return True
-        except TimeoutError:
-            return False
