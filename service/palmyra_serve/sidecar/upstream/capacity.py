@@ -8,7 +8,7 @@ Two numbers bound it, and the ceiling is the smaller one:
   the serving API: 128 per tensor-parallel rank on CPU, 256 on any accelerator. 256 is vLLM's
   EngineArgs default below 70 GiB of device memory (NPU 910B, most GPUs); above, vLLM runs 1024, but
   the sidecar does not see the device's memory, so there the operator passes `--max-num-seqs` (or
-  sets the ceiling outright, PALMYRA_ADMISSION_MAX_LIMIT, which replaces both bounds).
+  sets the ceiling outright, PALMYRA_ADMISSION_MAX_LIMIT, which replaces both bounds: admission/plan.py).
 - KV capacity in requests: vLLM's `vllm:cache_config_info` info series (an always-1 gauge whose
   labels are its CacheConfig, in both versions) carries `num_gpu_blocks` and `block_size`; their
   product is the KV cache in tokens (the CPU backend reports its KV space as GPU blocks too). Divided
