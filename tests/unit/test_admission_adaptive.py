@@ -1,4 +1,4 @@
-"""The asyncio waiters in front of the ConcurrencyGate: FIFO hand-over, immediate refusals, queue
+"""admission/adaptive.py: the asyncio waiters in front of the ConcurrencyGate: FIFO hand-over, immediate refusals, queue
 deadlines, cancellation and drain keep the gate's counts right. The gate gets a fake clock where
 the test teaches it a service time, the real one where a deadline must really pass (0.15 s)."""
 

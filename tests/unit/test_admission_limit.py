@@ -1,4 +1,4 @@
-"""The adaptive concurrency limit and its SLO-bounded queue, driven by a fake engine whose latency
+"""admission/limit.py: the adaptive concurrency limit and its SLO-bounded queue, driven by a fake engine whose latency
 the test controls and a fake clock (a discrete-event simulation: no sleeps, no sockets).
 
 The fake engine is on purpose: it injects exactly the latency each test needs (low, high, growing
