@@ -10,17 +10,14 @@ import time
 import pytest
 
 from helpers.clock import FakeClock
-from palmyra_serve.sidecar.admission.adaptive import (
-    AdaptiveAdmission,
-    Draining,
-    Refused,
-)
+from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_TIMEOUT,
     SLO_UNREACHABLE,
     ConcurrencyGate,
     LimitConfig,
 )
+from palmyra_serve.sidecar.admission.protocol import Draining, Refused
 
 
 def admission(limit: int = 2, ttft_slo_s: float = 0.3, clock=time.monotonic) -> AdaptiveAdmission:

@@ -1,4 +1,5 @@
-"""Pure parts of the sidecar: key checks, liveness/readiness judgements and the drain state they share with admission."""
+"""Pure parts of the sidecar: key checks, liveness/readiness judgements, and the drain state readiness
+shares with admission."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ Two modes (PALMYRA_ADMISSION_MODE, docs/admission.md):
 Both answer admission/protocol.py's AdmissionControl (acquire -> Ticket, first_token, inter_token,
 release, drain, in_flight, queued, limit, ceiling), so the relay (relay/handler.py) does not care
 which it has. Refusals: `Refused` (429 with its reason and Retry-After) and `Draining` (503).
+build_admission() builds the one the admission plan (admission/plan.py) describes.
 """
 
 from __future__ import annotations
