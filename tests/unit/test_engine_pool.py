@@ -12,7 +12,6 @@ from palmyra_serve.sidecar.upstream import pool as engine_pool
 from palmyra_serve.sidecar.upstream.pool import (
     ConnectFailed,
     EnginePool,
-    EngineResponse,
     StreamInterrupted,
     UpstreamError,
     UpstreamTimeout,
@@ -30,14 +29,6 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> Non
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.005)
-
-
-async def read_all(resp: EngineResponse) -> bytes:
-    """The whole body, read the way the relay reads it (read_some until b"")."""
-    parts = []
-    while chunk := await resp.read_some():
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
@@ -102,7 +93,7 @@ def test_keep_alive_connection_is_reused_and_request_is_written_as_given():
             for _ in range(3):
                 resp = await pool.request("POST", b"/v1/completions?x=1", [(b"x-request-id", b"r1")], b'{"a":1}')
                 assert resp.status == 200 and resp.content_type == "text/event-stream"
-                assert await read_all(resp) == b"data: x\n"
+                assert await resp.read() == b"data: x\n"
                 resp.release()
             pool.close()
         assert server.connections == 1
@@ -120,7 +111,7 @@ def test_content_length_body_and_raw_headers_are_kept():
             resp = await pool.request("GET", b"/v1/nothing", [], b"")
             assert (resp.status, resp.reason, resp.content_type) == (404, "Not Found", "application/json")
             assert (b"Content-Type", b"application/json") in resp.raw_headers
-            assert await read_all(resp) == b"{}"
+            assert await resp.read() == b"{}"
     asyncio.run(scenario())
 
 
@@ -137,7 +128,7 @@ def test_a_request_written_to_a_reused_connection_that_closes_unanswered_is_not_
         async with server as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("POST", b"/v1/completions", [], b"{}")
-            assert await read_all(resp) == b"data: x\n"
+            assert await resp.read() == b"data: x\n"
             resp.release()
             with pytest.raises(UpstreamError) as exc:
                 await pool.request("POST", b"/v1/completions", [], b"{}")
@@ -158,11 +149,11 @@ def test_a_pooled_connection_the_engine_closed_while_idle_is_not_used():
         async with server as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("POST", b"/v1/completions", [], b"{}")
-            await read_all(resp)
+            await resp.read()
             resp.release()
             await wait_for(lambda: not pool._idle or pool._idle[0].closed)
             resp = await pool.request("POST", b"/v1/completions", [], b"{}")
-            assert await read_all(resp) == b"data: x\n"
+            assert await resp.read() == b"data: x\n"
         assert server.connections == 2 and len(server.requests) == 2
     asyncio.run(scenario())
 
@@ -236,14 +227,14 @@ def test_connection_close_and_head_responses_are_not_pooled():
         async with server as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("GET", b"/a", [], b"")
-            await read_all(resp)
+            await resp.read()
             resp.release()
             assert not pool._idle
         server2 = ScriptedServer(answer(OK_LENGTH[:-2]))  # a HEAD answer: the length, no body
         async with server2 as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("HEAD", b"/a", [], b"")
-            assert resp.status == 404 and await read_all(resp) == b""
+            assert resp.status == 404 and await resp.read() == b""
             resp.release()
             assert not pool._idle
     asyncio.run(scenario())
@@ -260,7 +251,7 @@ def test_a_reader_that_falls_behind_pauses_the_engine_socket_until_it_catches_up
             conn = resp._conn
             await wait_for(lambda: conn.paused)  # the engine's bytes pile up unread until reading stops
             assert conn.buffered < total // 2  # reading stopped well before the end
-            assert len(await read_all(resp)) == total and not conn.paused
+            assert len(await resp.read()) == total and not conn.paused
     asyncio.run(scenario())
 
 
@@ -270,11 +261,11 @@ def test_idle_connections_are_retired_before_the_engine_would_close_them(monkeyp
         async with server as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("GET", b"/a", [], b"")
-            await read_all(resp)
+            await resp.read()
             resp.release()
             monkeypatch.setattr(engine_pool, "MAX_IDLE_S", 0.0)
             resp = await pool.request("GET", b"/a", [], b"")
-            await read_all(resp)
+            await resp.read()
         assert server.connections == 2
     asyncio.run(scenario())
 
@@ -290,7 +281,7 @@ def test_interim_1xx_responses_are_skipped_and_the_final_one_is_the_answer():
                 resp = await pool.request("POST", b"/v1/completions", [], b"{}")
                 assert (resp.status, resp.reason) == (404, "Not Found")
                 assert [k for k, _ in resp.raw_headers] == [b"Content-Type", b"content-length"]
-                assert await read_all(resp) == b"{}"
+                assert await resp.read() == b"{}"
                 resp.release()
         assert server.connections == 1
     asyncio.run(scenario())
@@ -308,7 +299,7 @@ def test_a_close_delimited_body_is_complete_at_the_close():
         async with ScriptedServer(close_delimited) as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("GET", b"/v1/models", [], b"")
-            assert await read_all(resp) == b'{"a":1}'
+            assert await resp.read() == b'{"a":1}'
             assert resp._conn.complete and resp._conn.error is None
             resp.release()
             assert not pool._idle  # its connection is gone: never pooled
@@ -323,7 +314,7 @@ def test_trailers_of_a_chunked_body_are_dropped_not_added_to_the_headers():
         async with ScriptedServer(answer(trailed)) as url:
             pool = EnginePool(url, 2, 5)
             resp = await pool.request("GET", b"/a", [], b"")
-            assert await read_all(resp) == b"data: x\n"
+            assert await resp.read() == b"data: x\n"
             names = [k for k, _ in resp.raw_headers]
             assert names == [b"content-type", b"transfer-encoding", b"trailer"]
             resp.release()

@@ -281,6 +281,13 @@ class EngineResponse:
         conn = self._conn
         return conn.complete and not conn.body
 
+    async def read(self) -> bytes:
+        """The whole body. The relay streams with read_some(); benchmarks/ read error answers whole."""
+        parts = []
+        while chunk := await self.read_some():
+            parts.append(chunk)
+        return b"".join(parts)
+
     def release(self) -> None:
         """Back to the pool when the response was read to its end on a reusable connection."""
         conn = self._conn
