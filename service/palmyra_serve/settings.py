@@ -218,13 +218,6 @@ class Settings(BaseSettings):
             return split_keys(value)
         return value
 
-    def all_api_keys(self) -> list[str]:
-        """Keys from the environment plus the mounted file."""
-        keys = list(self.api_keys)
-        if self.api_keys_file is not None:
-            keys += split_keys(self.api_keys_file.read_text(encoding="utf-8"))
-        return keys
-
 
 def split_keys(text: str) -> list[str]:
     """The one format of API keys, in PALMYRA_API_KEYS and in a key file alike: separated by commas

@@ -37,13 +37,9 @@ from test_k8s import (
     render,
 )
 
-try:  # the sidecar's route table: its own module on the hardened front end's branch, else relay/handler.py
-    from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
-    API_ROUTES = {path: route.label for path, route in RELAYED.items()}
-except ImportError:
-    from palmyra_serve.sidecar.relay.handler import GENERATION_ROUTES
-    from palmyra_serve.sidecar.relay.handler import ROUTE_OF as API_ROUTES
-    CONTROL_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics"})
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
+
+API_ROUTES = {path: route.label for path, route in RELAYED.items()}
 
 COMPONENT = "components/inference-gateway"
 CONFIG_FILE = K8S / COMPONENT / "picker-config.yaml"

@@ -46,7 +46,6 @@ def test_ceiling_is_the_smaller_of_max_num_seqs_and_kv() -> None:
     assert ec.ceiling(256, small_kv) == 150
     assert ec.ceiling(256, small_kv, tokens_per_request=8192) == 37
     assert ec.ceiling(256, {}) == 256, "no labels: max_num_seqs alone"
-    assert ec.ceiling(256, small_kv, override=12) == 12
 
 
 def test_max_num_seqs_from_the_launchers_extra_args() -> None:

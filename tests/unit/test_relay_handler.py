@@ -18,6 +18,7 @@ import pytest
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.control import build_admission
+from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability import access_log
@@ -79,7 +80,7 @@ class Harness:
         self.settings = Settings(auth_disabled=True)
         self.metrics = SidecarMetrics()
         self.health = HealthState(self.metrics, liveness_budget_s=30)
-        self.admission = build_admission(self.settings)
+        self.admission = build_admission(self.settings, AdmissionPlan.of(self.settings))
         self.learnt: list[tuple[float | None, str]] = []
         release = self.admission.release
 

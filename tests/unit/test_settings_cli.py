@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from palmyra_serve.cli import _settings, build_parser
-from palmyra_serve.settings import Settings
+from palmyra_serve.settings import Settings, split_keys
 
 SUBCOMMANDS = ("up", "engine", "sidecar", "make-model", "fetch-model", "validate", "bench")
 
@@ -42,7 +42,9 @@ def test_api_keys_from_env_list_and_file(monkeypatch, tmp_path):
     f.write_text("# comment, not keys\n\nk3\n  k4  , k5,\n")
     monkeypatch.setenv("PALMYRA_API_KEYS", " k1, ,k2 ")
     monkeypatch.setenv("PALMYRA_API_KEYS_FILE", str(f))
-    assert Settings().all_api_keys() == ["k1", "k2", "k3", "k4", "k5"]
+    settings = Settings()
+    assert settings.api_keys == ["k1", "k2"]
+    assert settings.api_keys_file is not None and split_keys(settings.api_keys_file.read_text()) == ["k3", "k4", "k5"]
 
 
 def test_invalid_setting_is_rejected(monkeypatch):

@@ -1,4 +1,5 @@
-"""Pure parts of the sidecar: admission queueing, key checks, liveness/readiness judgements."""
+"""Pure parts of the sidecar: key checks, liveness/readiness judgements, and the drain state readiness
+shares with admission."""
 
 from __future__ import annotations
 
@@ -6,52 +7,32 @@ import asyncio
 
 import pytest
 
-from palmyra_serve.sidecar.admission.control import Admission, Draining, Refused
+from palmyra_serve.sidecar.admission.control import Draining
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.relay.handler import request_id_from
 
 
-def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
+def test_one_drain_state_turns_readiness_first_then_closes_admission():
+    """The app's readiness and admission read one drain state (lifecycle/drain.py): announced, the
+    replica is not ready yet still admits; closed, admission refuses and the drain waits."""
+    from palmyra_serve.settings import Settings
+    from palmyra_serve.sidecar.app import SidecarState
+
     async def scenario():
-        adm = Admission(max_in_flight=1, max_queue=2, queue_timeout_s=5, retry_after_s=2)
-        order = []
-        await adm.acquire()
-
-        async def waiter(name):
-            await adm.acquire()
-            order.append(name)
-
-        tasks = [asyncio.create_task(waiter(n)) for n in ("a", "b")]
+        state = SidecarState(Settings(_env_file=None, auth_disabled=True), SidecarMetrics())
+        state.health.record_health(True, "ok")
+        state.health.set_phase("ready")
+        state.health.begin_drain()
+        assert not state.health.readiness()[0] and not state.admission.draining
+        ticket = await state.admission.acquire()  # endpoints still route here: served
+        drained = asyncio.create_task(state.admission.drain(5))
         await asyncio.sleep(0)
-        assert adm.queued == 2
-        with pytest.raises(Refused) as exc:
-            await adm.acquire()
-        assert exc.value.reason == "queue_full" and exc.value.retry_after_s == 2
-        adm.release()
-        await asyncio.sleep(0)
-        adm.release()
-        await asyncio.gather(*tasks)
-        adm.release()
-        assert order == ["a", "b"] and adm.in_flight == 0 and adm.queued == 0
-    asyncio.run(scenario())
-
-
-def test_admission_queue_timeout_and_drain():
-    async def scenario():
-        adm = Admission(max_in_flight=1, max_queue=5, queue_timeout_s=0.05, retry_after_s=1)
-        await adm.acquire()
-        with pytest.raises(Refused) as exc:
-            await adm.acquire()
-        assert exc.value.reason == "queue_timeout" and adm.queued == 0
-        drained = asyncio.create_task(adm.drain(5))
-        while not adm.draining:  # the drain task has begun
-            await asyncio.sleep(0)
+        assert state.admission.draining and state.health.draining
         with pytest.raises(Draining):
-            await adm.acquire()
-        assert not drained.done()
-        adm.release()
+            await state.admission.acquire()
+        state.admission.release(ticket)
         assert await drained is True
     asyncio.run(scenario())
 
@@ -249,6 +230,7 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
 
     from palmyra_serve.settings import Settings
     from palmyra_serve.sidecar.admission.control import build_admission
+    from palmyra_serve.sidecar.admission.plan import AdmissionPlan
     from palmyra_serve.sidecar.relay.auth import ApiKeys
     from palmyra_serve.sidecar.relay.handler import Proxy
 
@@ -257,7 +239,8 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     health = HealthState(metrics, liveness_budget_s=30)
     health.record_health(True, "ok")
     health.set_phase("ready")
-    proxy = Proxy(settings, metrics, build_admission(settings), ApiKeys.from_settings(settings), health)
+    admission = build_admission(settings, AdmissionPlan.of(settings))
+    proxy = Proxy(settings, metrics, admission, ApiKeys.from_settings(settings), health)
 
     def broken(*_args: object) -> None:
         raise RuntimeError("a bug in the sidecar")

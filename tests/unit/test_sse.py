@@ -237,3 +237,37 @@ def test_plain_token_reads_take_the_strict_decode(monkeypatch):
     monkeypatch.setattr(sse.SseAccount, "_plain_tokens", spy)
     account([text("a") + text("b"), delta({"content": "c"}), text(""), DONE])
     assert calls == [True, True, False]
+
+
+def usage_event(text: str, usage: int | None = None) -> bytes:
+    payload: dict = {"choices": [{"index": 0, "text": text}]}
+    if usage is not None:
+        payload["usage"] = {"prompt_tokens": 3, "completion_tokens": usage}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def test_token_gap_counts_tokens_from_usage_when_events_carry_several() -> None:
+    acc = SseAccount()
+    # Four events 0.1 s apart, each carrying 4 tokens (vLLM coalesces under load), usage at the end.
+    for i in range(4):
+        acc.feed(usage_event("abcd"), 1.0 + 0.1 * i)
+    assert acc.tokens_so_far() == 4 and acc.mean_token_gap() == pytest.approx(0.3 / 3)
+    acc.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":16}}\n\ndata: [DONE]\n\n', 1.4)
+    assert acc.tokens_so_far() == 16
+    assert acc.mean_token_gap() == pytest.approx(0.3 / 15), "per token, not per event"
+    assert acc.mean_event_gap() == pytest.approx(0.1), "the per-event metric is unchanged"
+
+
+def test_continuous_usage_gives_the_running_count_mid_stream() -> None:
+    acc = SseAccount()
+    acc.feed(usage_event("ab", usage=2), 1.0)
+    acc.feed(usage_event("cdef", usage=6), 1.2)
+    assert acc.tokens_so_far() == 6
+
+
+def test_two_choices_count_events_not_the_summed_usage() -> None:
+    acc = SseAccount()
+    for i in range(3):
+        acc.feed(b'data: {"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}\n\n', 1.0 + 0.1 * i)
+    acc.feed(b'data: {"choices":[],"usage":{"completion_tokens":6}}\n\n', 1.3)
+    assert acc.tokens_so_far() == 3

@@ -25,6 +25,8 @@ from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, build_admission, learn_ceiling
+from palmyra_serve.sidecar.admission.plan import AdmissionPlan
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
@@ -57,8 +59,10 @@ class SidecarState:
     def __init__(self, settings: Settings, metrics: SidecarMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.health = HealthState(metrics, settings.liveness_budget_s)
-        self.admission = build_admission(settings)
+        self.drain_state = DrainState()  # moved only by drain() below; readiness and admission read it
+        self.health = HealthState(metrics, settings.liveness_budget_s, drain=self.drain_state)
+        self.plan = AdmissionPlan.of(settings)  # the one reading of the admission settings (admission/plan.py)
+        self.admission = build_admission(settings, self.plan, self.drain_state)
         metrics.bind_gauges(lambda: self.admission.in_flight, lambda: self.admission.queued)
         metrics.bind_admission(
             lambda: self.admission.limit, lambda: self.admission.ceiling, self.admission.max_queue_wait_s
@@ -73,7 +77,7 @@ class SidecarState:
 
     async def drain(self) -> bool:
         """Turn not-ready, keep serving for the propagation delay, then refuse (503 + Retry-After)
-        while listening and wait for in-flight work."""
+        while listening and wait for in-flight work: the two steps of lifecycle/drain.py."""
         self.health.begin_drain()
         if self.settings.drain_propagation_s > 0:
             # Endpoints and gateways still route here for a while: refusing now would fail those requests.
@@ -96,15 +100,16 @@ class SidecarState:
 
 async def read_engine_capacity(state: SidecarState, engine: EngineClient, interval_s: float) -> None:
     """Adaptive admission's ceiling comes from the engine (docs/admission.md): read its /metrics once
-    it answers, retrying until then. Nothing to do in fixed mode or under an operator's ceiling."""
-    if state.settings.admission_mode == "fixed" or state.settings.admission_max_limit is not None:
+    it answers, retrying until then. Nothing to do where the plan's ceiling is not the engine's to
+    say (fixed mode, an operator's ceiling)."""
+    if not state.plan.ceiling_from_engine:
         return
     while True:
         try:
             asked = {"Accept-Encoding": "identity"}  # the text itself, whatever the session decompresses
             page = await engine.metrics(asked, ENGINE_METRICS_TIMEOUT_S, ENGINE_METRICS_MAX_BYTES)
             if page.status == 200:
-                learn_ceiling(state.admission, state.settings, page.body.decode("utf-8", "replace"))
+                learn_ceiling(state.admission, state.plan, page.body.decode("utf-8", "replace"))
                 return
         except UPSTREAM_FAILURES:
             pass  # not up yet: the health poller reports that; try again

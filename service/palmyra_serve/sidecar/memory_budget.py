@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.admission.control import max_num_seqs
+from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.edge.protocol import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
 from palmyra_serve.sidecar.errors import MAX_ERROR_BODY
 from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES
@@ -73,21 +73,19 @@ class Term:
 
 
 def in_flight(settings: Settings) -> int:
-    """Generations admitted to the engine at once: max_in_flight in fixed mode; in adaptive mode
-    the limit's ceiling (PALMYRA_ADMISSION_MAX_LIMIT, else --max-num-seqs or vLLM's default for the
-    platform), which the limit may reach whatever it starts at."""
-    if settings.admission_mode == "fixed":
-        return settings.max_in_flight
-    return settings.admission_max_limit or max_num_seqs(settings)
+    """Generations admitted to the engine at once: the admission plan's ceiling (admission/plan.py),
+    max_in_flight in fixed mode; in adaptive mode PALMYRA_ADMISSION_MAX_LIMIT, else --max-num-seqs or
+    vLLM's default for the platform, which the limit may reach whatever it starts at (the ceiling
+    the engine reports later is never above it)."""
+    return AdmissionPlan.of(settings).ceiling
 
 
 def relays(settings: Settings) -> int:
-    """Requests relayed to the engine at once. Fixed mode admits every relayed request; adaptive
-    admits generations only (a model list or a tokenization is not gated), so there each open
-    client connection may be relaying one."""
-    if settings.admission_mode == "fixed":
-        return min(settings.max_in_flight, settings.max_connections)
-    return settings.max_connections
+    """Requests relayed to the engine at once. Where every relayed request takes a slot (fixed
+    mode), at most the ceiling; where generations alone do (adaptive: a model list or a
+    tokenization is not gated), each open client connection may be relaying one."""
+    plan = AdmissionPlan.of(settings)
+    return min(plan.ceiling, settings.max_connections) if plan.gate_all else settings.max_connections
 
 
 def connections(settings: Settings) -> int:

@@ -1,1 +1,1 @@
-"""Who gets an engine slot: one protocol, fixed and adaptive admission, and the limit arithmetic."""
+"""Who gets an engine slot: the plan, one protocol, fixed and adaptive admission, the limit arithmetic."""

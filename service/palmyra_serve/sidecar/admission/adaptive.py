@@ -1,10 +1,8 @@
 """The asyncio side of adaptive admission: FIFO waiters with deadlines in front of a ConcurrencyGate.
 
-The gate (admission/limit.py) decides; this keeps the waiting requests and their timers. Same
-shape as admission.Admission (acquire / release / drain, in_flight, queued, draining), plus the
-relay's latency reports, so relay/handler.py can switch with a few lines (docs/admission.md, "Wiring").
-Refusals are raised as `Refused(reason, retry_after_s)`; the caller turns them into its 429 (errors.py
-owns the HTTP shape) and counts them under palmyra_rejections{reason}.
+The gate (admission/limit.py) decides; this keeps the waiting requests and their timers, and
+learns from the relay's latency reports. It answers admission/protocol.py's AdmissionControl, as
+fixed mode's Admission does (docs/admission.md, "Wiring"), and raises its refusals and Draining.
 
 The relay's reports only teach the limit; they must never break the request that makes them. A
 fault while learning (a bug in the limiter's arithmetic, whatever a sample held) is caught here:
@@ -20,13 +18,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from palmyra_serve.sidecar.admission.limit import (
-    QUEUE_TIMEOUT,
-    ConcurrencyGate,
-    Decision,
-    Outcome,
-    Ticket,
-)
+from palmyra_serve.sidecar.admission.limit import QUEUE_TIMEOUT, ConcurrencyGate, Outcome, Ticket
+from palmyra_serve.sidecar.admission.protocol import Drainable, Draining, Refused
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -34,32 +28,14 @@ log = logging.getLogger("palmyra.sidecar")
 FAULT_LOG_INTERVAL_S = 10.0
 
 
-class Refused(Exception):
-    def __init__(self, reason: str, retry_after_s: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-    @classmethod
-    def of(cls, decision: Decision) -> Refused:
-        assert decision.reason is not None and decision.retry_after_s is not None
-        return cls(decision.reason, decision.retry_after_s)
-
-
-class Draining(Exception):
-    """Admission is closed for good (SIGTERM): the caller answers 503 with its own Retry-After."""
-
-
-class AdaptiveAdmission:
-    def __init__(self, gate: ConcurrencyGate) -> None:
+class AdaptiveAdmission(Drainable):
+    def __init__(self, gate: ConcurrencyGate, drain: DrainState | None = None) -> None:
+        super().__init__(drain)
         self.gate = gate
-        self.draining = False
         self.faults = 0  # learning calls that raised (each one left the limit as it was)
         self.on_fault: Callable[[], None] | None = None  # the metric's increment, bound by the app
         self._fault_logged_at: float | None = None
         self._waiters: deque[tuple[asyncio.Future[Ticket], float]] = deque()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def in_flight(self) -> int:
@@ -178,13 +154,3 @@ class AdaptiveAdmission:
     def _check_idle(self) -> None:
         if self.gate.in_flight == 0 and self.gate.queued == 0:
             self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests from now on; wait until nothing is in flight or queued."""
-        self.draining = True
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-            return True
-        except TimeoutError:
-            return False

@@ -1,15 +1,16 @@
 """Admission control: which requests the engine gets, which wait, which are refused; and drain.
 
 Two modes (PALMYRA_ADMISSION_MODE, docs/admission.md):
-- adaptive (the default): adaptive_admission.AdaptiveAdmission over a concurrency_limit.ConcurrencyGate,
-  whose limit follows the measured latency against the SLOs under a ceiling read from the engine,
-  and whose queue only holds what can still start within the TTFT SLO.
+- adaptive (the default): admission/adaptive.py's AdaptiveAdmission over admission/limit.py's
+  ConcurrencyGate, whose limit follows the measured latency against the SLOs under a ceiling read
+  from the engine, and whose queue only holds what can still start within the TTFT SLO.
 - fixed: `Admission` below, a bounded number of requests in flight, a bounded FIFO queue with a
   timeout (max_in_flight, max_queue, queue_timeout_s).
 
-Both have the same surface (acquire -> Ticket, first_token, inter_token, release, drain, in_flight,
-queued, limit, ceiling), so the relay (relay/handler.py) does not care which it has. Refusals: `Refused`
-(429 with its reason and Retry-After) and `Draining` (503).
+Both answer admission/protocol.py's AdmissionControl (acquire -> Ticket, first_token, inter_token,
+release, drain, in_flight, queued, limit, ceiling), so the relay (relay/handler.py) does not care
+which it has. Refusals: `Refused` (429 with its reason and Retry-After) and `Draining` (503).
+build_admission() builds the one the admission plan (admission/plan.py) describes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Protocol
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission, Draining, Refused
+from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -30,42 +30,32 @@ from palmyra_serve.sidecar.admission.limit import (
     Outcome,
     Ticket,
 )
+from palmyra_serve.sidecar.admission.plan import AdmissionPlan
+from palmyra_serve.sidecar.admission.protocol import AdmissionControl, Drainable, Draining, Refused
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 from palmyra_serve.sidecar.upstream import capacity
 
-__all__ = ["AdaptiveAdmission", "Admission", "AdmissionControl", "Draining", "Refused", "Ticket", "build_admission"]
+__all__ = [
+    "AdaptiveAdmission",
+    "Admission",
+    "AdmissionControl",
+    "AdmissionPlan",
+    "Draining",
+    "Refused",
+    "Ticket",
+    "build_admission",
+    "learn_ceiling",
+]
 
 log = logging.getLogger("palmyra.sidecar")
 
 
-class AdmissionControl(Protocol):
-    draining: bool
-
-    @property
-    def probe_tokens(self) -> int: ...  # the relay reports a stream's mean gap after this many tokens (0: never)
-
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def queued(self) -> int: ...
-    @property
-    def limit(self) -> int: ...
-    @property
-    def ceiling(self) -> int: ...
-    def max_queue_wait_s(self) -> float: ...
-    async def acquire(self) -> Ticket: ...
-    def first_token(self, ticket: Ticket) -> None: ...
-    def inter_token(self, ticket: Ticket, itl_s: float) -> None: ...
-    def release(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None: ...
-    async def drain(self, timeout_s: float) -> bool: ...
-
-
-def limit_config(settings: Settings, initial: int) -> LimitConfig:
+def limit_config(settings: Settings, plan: AdmissionPlan) -> LimitConfig:
+    """The adaptive limit's arithmetic: its bounds from the plan, the SLOs and their shares from settings."""
     return LimitConfig(
-        mode=settings.admission_mode,
-        fixed_limit=settings.max_in_flight,
-        min_limit=settings.admission_min_limit,
-        initial_limit=initial,
-        max_queue=settings.max_queue,
+        min_limit=plan.floor,
+        initial_limit=plan.start,
+        max_queue=plan.max_queue,
         ttft_slo_s=settings.slo_ttft_s,
         itl_slo_s=settings.slo_itl_s,
         ttft_engine_share=settings.admission_ttft_engine_share,
@@ -76,58 +66,40 @@ def limit_config(settings: Settings, initial: int) -> LimitConfig:
     )
 
 
-def max_num_seqs(settings: Settings) -> int:
-    """The engine's scheduler bound: --max-num-seqs when the launcher passes it, else vLLM's default
-    for the platform. `auto` counts as an accelerator: the larger bound never under-admits, and the
-    adaptive limit finds the engine's knee below it."""
-    given = capacity.max_num_seqs_from_args(settings.engine_extra_args)
-    if given is not None:
-        return given
-    return capacity.default_max_num_seqs(
-        "cpu" if settings.platform == "cpu" else "accelerator", settings.tensor_parallel_size
-    )
+def build_admission(settings: Settings, plan: AdmissionPlan, drain: DrainState | None = None) -> AdmissionControl:
+    """The admission the plan describes (admission/plan.py), closed by `drain` (lifecycle/drain.py).
+    Adaptive starts under the ceiling the plan knows without the engine; learn_ceiling() narrows it
+    once the engine answers."""
+    if plan.fixed:
+        return Admission(plan.ceiling, plan.max_queue, plan.queue_timeout_s, settings.retry_after_s, drain)
+    return AdaptiveAdmission(ConcurrencyGate(limit_config(settings, plan), plan.ceiling), drain)
 
 
-def initial_limit(settings: Settings, ceiling: int) -> int:
-    """Where the limit starts: the setting, else half the ceiling (one slow-start step below it).
-    Too low a start queues traffic the engine could serve at once while slow start catches up
-    (measured at 1x capacity from 32 on this CPU: TTFT p99 0.37 s against bare vLLM's 0.07 s); a
-    start at the ceiling lets a first overload in at full batch before any latency is seen."""
-    return settings.admission_initial_limit or max(settings.admission_min_limit, ceiling // 2)
-
-
-def build_admission(settings: Settings) -> AdmissionControl:
-    """The admission of PALMYRA_ADMISSION_MODE. Adaptive starts with the ceiling it can know without
-    the engine (the override, else max-num-seqs); learn_ceiling() narrows it once the engine answers."""
-    if settings.admission_mode == "fixed":
-        return Admission(settings.max_in_flight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
-    ceiling = settings.admission_max_limit or max_num_seqs(settings)
-    return AdaptiveAdmission(ConcurrencyGate(limit_config(settings, initial_limit(settings, ceiling)), ceiling))
-
-
-def learn_ceiling(admission: AdmissionControl, settings: Settings, engine_metrics_text: str) -> int | None:
-    """Set the adaptive ceiling from the engine's /metrics page (vllm:cache_config_info); the new
-    ceiling, or None when there is nothing to learn (fixed mode, or an operator's override)."""
-    if not isinstance(admission, AdaptiveAdmission) or settings.admission_max_limit is not None:
+def learn_ceiling(admission: AdmissionControl, plan: AdmissionPlan, engine_metrics_text: str) -> int | None:
+    """Set the adaptive ceiling from the engine's /metrics page (vllm:cache_config_info) and, if the
+    limit has not moved yet, restart it under the new one; the new ceiling, or None when the plan
+    leaves nothing to learn (fixed mode, an operator's ceiling)."""
+    if not plan.ceiling_from_engine:
         return None
+    assert isinstance(admission, AdaptiveAdmission), "a plan whose ceiling comes from the engine is adaptive"
     labels = capacity.cache_config(engine_metrics_text)
-    ceiling = capacity.ceiling(max_num_seqs(settings), labels, settings.admission_kv_tokens_per_request)
-    admission.gate.limiter.set_ceiling(ceiling, initial_limit(settings, ceiling))
+    learned = plan.learned(labels)
+    admission.gate.limiter.set_ceiling(learned.ceiling, learned.start)
     log.info(
         "admission ceiling from the engine",
         extra={
             "fields": {
-                "ceiling": ceiling,
+                "ceiling": learned.ceiling,
                 "limit": admission.limit,
-                "max_num_seqs": max_num_seqs(settings),
+                "max_num_seqs": plan.max_num_seqs,
                 "kv_tokens": capacity.kv_tokens(labels),
             }
         },
     )
-    return ceiling
+    return learned.ceiling
 
 
-class Admission:
+class Admission(Drainable):
     """Fixed mode: max_in_flight slots, a FIFO queue of max_queue waiting up to queue_timeout_s.
 
     The engine batches what it is given, so the limit exists to keep latency bounded and to answer
@@ -136,16 +108,21 @@ class Admission:
 
     probe_tokens = 0  # latency reports change nothing here
 
-    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float, retry_after_s: int) -> None:
+    def __init__(
+        self,
+        max_in_flight: int,
+        max_queue: int,
+        queue_timeout_s: float,
+        retry_after_s: int,
+        drain: DrainState | None = None,
+    ) -> None:
+        super().__init__(drain)
         self.max_in_flight = max_in_flight
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self.in_flight = 0
-        self.draining = False
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def queued(self) -> int:
@@ -219,13 +196,3 @@ class Admission:
             pass
         if not self._waiters and self.in_flight == 0:
             self._idle.set()
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests from now on; wait until nothing is in flight or queued. True if it emptied."""
-        self.draining = True
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-            return True
-        except TimeoutError:
-            return False

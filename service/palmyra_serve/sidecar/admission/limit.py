@@ -51,7 +51,8 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   in two windows at 2x capacity while the streams admitted at 256 were all late).
 - Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see upstream/capacity.py:
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
-- Mode "fixed" keeps `fixed_limit` whatever the latency (the manual setting, PALMYRA_MAX_IN_FLIGHT).
+- Adaptive only: fixed mode (PALMYRA_ADMISSION_MODE=fixed, a limit that never moves) is
+  admission/control.py's Admission, which has none of this arithmetic to run.
 
 The queue: a request that finds no free slot may wait at most what the TTFT SLO (less a headroom,
 `queue_headroom` of it) leaves after the expected engine TTFT:
@@ -65,7 +66,7 @@ Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time 
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
 The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
-docs/admission.md; admission.build_admission() maps them.
+docs/admission.md; admission/control.py's build_admission() maps them.
 Nothing here does I/O or touches asyncio: admission/adaptive.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
@@ -80,7 +81,6 @@ from typing import Literal
 
 from palmyra_serve.sidecar import errors
 
-Mode = Literal["adaptive", "fixed"]
 Outcome = Literal["ok", "ignore"]  # ok: a measured success; ignore: nothing learnt (any failure)
 
 # A latency sample above this is capped: a stalled stream still says "far too slow", and no sum or
@@ -95,8 +95,6 @@ SLO_UNREACHABLE = errors.ErrorCode.SLO_UNREACHABLE
 
 @dataclass(frozen=True)
 class LimitConfig:
-    mode: Mode = "adaptive"
-    fixed_limit: int = 64
     min_limit: int = 2
     initial_limit: int = 8
     max_queue: int = 256
@@ -119,7 +117,7 @@ class LimitConfig:
     hold_windows: int = 10  # windows without a raise after an undone one
 
     def __post_init__(self) -> None:
-        if self.min_limit < 1 or self.fixed_limit < 1 or self.initial_limit < 1:
+        if self.min_limit < 1 or self.initial_limit < 1:
             raise ValueError("limits must be at least 1")
         if not (0 < self.ttft_engine_share <= 1 and 0 < self.itl_share <= 1 and 0 < self.tolerance < 1):
             raise ValueError("shares must be in (0, 1], tolerance in (0, 1)")
@@ -174,8 +172,7 @@ class AdaptiveLimit:
         self.clock = clock
         self.floor = config.min_limit
         self.ceiling = max(ceiling, self.floor)
-        start = config.fixed_limit if config.mode == "fixed" else config.initial_limit
-        self._limit = float(start if config.mode == "fixed" else min(max(start, self.floor), self.ceiling))
+        self._limit = float(min(max(config.initial_limit, self.floor), self.ceiling))
         self.ttft_target_s = config.ttft_slo_s * config.ttft_engine_share
         self.itl_target_s = config.itl_slo_s * config.itl_share
         self.slow_start = True
@@ -193,8 +190,6 @@ class AdaptiveLimit:
         """The engine's capacity, learned after start. `initial`: where to start instead, if the
         limit has not moved yet (before the engine answered, the ceiling was a guess)."""
         self.ceiling = max(ceiling, self.floor)
-        if self.config.mode == "fixed":
-            return
         if initial is not None and self.slow_start and self.changed_at == self._created_at:
             self._limit = float(min(max(initial, self.floor), self.ceiling))
         self._limit = min(self._limit, float(self.ceiling))
@@ -233,8 +228,6 @@ class AdaptiveLimit:
         self._maybe_update()
 
     def _maybe_update(self) -> None:
-        if self.config.mode == "fixed":
-            return
         now = self.clock()
         n = len(self._ttfts) + len(self._itls)
         elapsed = now - self._window_start
@@ -293,9 +286,9 @@ class AdaptiveLimit:
 
 
 class ConcurrencyGate:
-    """Counts, limit and queue policy together: what admission/control.py asks on every arrival and release.
+    """Counts, limit and queue policy together: what AdaptiveAdmission asks on every arrival and release.
 
-    Protocol (admission/control.py keeps the waiters, FIFO, and their timers):
+    Protocol (AdaptiveAdmission, admission/adaptive.py, keeps the waiters, FIFO, and their timers):
       d = gate.arrive()                  admit -> relay; queue -> wait until d.deadline; refuse -> 429
       gate.dispatch(enqueued_at)         when handing a freed slot to the oldest waiter (while can_dispatch())
       gate.leave_queue()                 a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT)
@@ -313,7 +306,6 @@ class ConcurrencyGate:
         self._srtt: float | None = None  # smoothed engine TTFT
         self._rttvar = 0.0
         self._service_s: float | None = None  # smoothed dispatch -> finish of measured requests
-        self.refusals: dict[str, int] = {QUEUE_FULL: 0, QUEUE_TIMEOUT: 0, SLO_UNREACHABLE: 0}
 
     @property
     def limit(self) -> int:
@@ -357,7 +349,6 @@ class ConcurrencyGate:
         return int(max(1, math.ceil(excess)))
 
     def refusal(self, reason: str) -> Decision:
-        self.refusals[reason] = self.refusals.get(reason, 0) + 1
         return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s())
 
     # --- the calls admission makes ---------------------------------------------------------
@@ -382,7 +373,6 @@ class ConcurrencyGate:
         if self.queued == 0 and self.can_dispatch():
             self.in_flight += 1
             return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit))
-        self.refusals[QUEUE_FULL] = self.refusals.get(QUEUE_FULL, 0) + 1
         return Decision("refuse", reason=QUEUE_FULL, retry_after_s=self.config.retry_after_max_s)
 
     def dispatch(self, enqueued_at: float) -> Ticket:

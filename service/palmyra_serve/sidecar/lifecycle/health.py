@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from palmyra_serve.sidecar.lifecycle.drain import DrainState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.upstream.control import EngineClient
 
@@ -32,9 +33,14 @@ SIDECAR_FAULT = "sidecar_fault"
 
 class HealthState:
     def __init__(
-        self, metrics: SidecarMetrics, liveness_budget_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        metrics: SidecarMetrics,
+        liveness_budget_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        drain: DrainState | None = None,
     ) -> None:
         self.metrics = metrics
+        self.drain_state = drain if drain is not None else DrainState()
         self.budget = liveness_budget_s
         self.clock = clock
         self.phase = "waiting_for_engine"
@@ -42,7 +48,6 @@ class HealthState:
         self.progress_total = 0
         self.last_error: str | None = None
         self.weights = "unknown"
-        self.draining = False
         self.engine_status = "unknown"  # ok / refused / timeout / http_<code>
         self.last_engine_ok: float | None = None
         self.generation_failing_since: float | None = None
@@ -97,8 +102,13 @@ class HealthState:
         if error is not None:
             self.last_error = error
 
+    @property
+    def draining(self) -> bool:
+        """Announced (lifecycle/drain.py): not ready from now on, whatever else holds."""
+        return self.drain_state.announced
+
     def begin_drain(self) -> None:
-        self.draining = True
+        self.drain_state.announce()
         self.set_phase("draining")
 
     # --- judgements -------------------------------------------------------------------

@@ -23,6 +23,7 @@ import orjson
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import Admission, AdmissionControl, Draining, Refused, Ticket
+from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.memory_budget import body_budget
@@ -97,10 +98,7 @@ class Proxy:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
-        # Adaptive admission gates generations only: a model list or a tokenization is cheap for the
-        # engine, and its latency would teach the limiter nothing about generating. Fixed mode gates
-        # every relayed request, as it always did.
-        self.gate_all = settings.admission_mode == "fixed"
+        self.gate_all = AdmissionPlan.of(settings).gate_all  # which routes take a slot: the plan's call
         self.tokenize_gate = Admission(
             settings.tokenize_max_in_flight,
             settings.tokenize_max_queue,

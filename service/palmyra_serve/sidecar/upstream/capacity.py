@@ -5,9 +5,10 @@ Two numbers bound it, and the ceiling is the smaller one:
 - vLLM's `max_num_seqs`, the most sequences its scheduler runs in one step. vLLM does not publish
   it on /metrics (neither the CPU build 0.32 nor the vLLM 0.18 under vllm-ascend), so it comes from
   the launcher's arguments (`--max-num-seqs` in PALMYRA_ENGINE_EXTRA_ARGS), else vLLM's default for
-  the serving API: 128 per tensor-parallel rank on CPU, 256 on an accelerator below 70 GiB of device
-  memory (NPU 910B, most GPUs), 1024 above (vLLM's EngineArgs defaults; an operator with another
-  value sets `--max-num-seqs` or PALMYRA_ADMISSION_MAX_LIMIT).
+  the serving API: 128 per tensor-parallel rank on CPU, 256 on any accelerator. 256 is vLLM's
+  EngineArgs default below 70 GiB of device memory (NPU 910B, most GPUs); above, vLLM runs 1024, but
+  the sidecar does not see the device's memory, so there the operator passes `--max-num-seqs` (or
+  sets the ceiling outright, PALMYRA_ADMISSION_MAX_LIMIT, which replaces both bounds: admission/plan.py).
 - KV capacity in requests: vLLM's `vllm:cache_config_info` info series (an always-1 gauge whose
   labels are its CacheConfig, in both versions) carries `num_gpu_blocks` and `block_size`; their
   product is the KV cache in tokens (the CPU backend reports its KV space as GPU blocks too). Divided
@@ -88,13 +89,8 @@ def default_max_num_seqs(platform: str, tensor_parallel_size: int = 1) -> int:
 
 
 def ceiling(
-    max_num_seqs: int,
-    cache_labels: dict[str, str],
-    tokens_per_request: int = DEFAULT_KV_TOKENS_PER_REQUEST,
-    override: int | None = None,
+    max_num_seqs: int, cache_labels: dict[str, str], tokens_per_request: int = DEFAULT_KV_TOKENS_PER_REQUEST
 ) -> int:
-    """The adaptive limit's ceiling: the operator's override, else min(max_num_seqs, KV requests)."""
-    if override is not None:
-        return max(1, override)
+    """The adaptive limit's ceiling from the engine: min(max_num_seqs, KV requests)."""
     kv = kv_requests(cache_labels, tokens_per_request)
     return max(1, min(max_num_seqs, kv) if kv is not None else max_num_seqs)

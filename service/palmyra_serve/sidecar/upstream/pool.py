@@ -261,6 +261,7 @@ class EngineResponse:
         return conn.complete and not conn.body
 
     async def read(self) -> bytes:
+        """The whole body. The relay streams with read_some(); benchmarks/ read error answers whole."""
         parts = []
         while chunk := await self.read_some():
             parts.append(chunk)
