@@ -1,4 +1,4 @@
-"""The relay's hot path (relay/handler.py) in-process: the real Proxy with real admission, metrics
+"""The relay's hot path (relay/handler.py) in-process: the real Relay with real admission, metrics
 and health, driven through ASGI with no server; the engine pool and the client's disconnect are
 injected (ScriptedPool, a fault-injection stand-in for upstream/pool.py's EnginePool).
 
@@ -24,7 +24,7 @@ from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability import access_log
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
-from palmyra_serve.sidecar.relay.handler import Proxy
+from palmyra_serve.sidecar.relay.handler import Relay
 from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
@@ -89,12 +89,12 @@ class Harness:
             release(ticket, itl_s, outcome)
 
         self.admission.release = spy  # type: ignore[method-assign]  # a spy: the real release still runs
-        self.proxy = Proxy(
+        self.relay = Relay(
             self.settings, self.metrics, self.admission, ApiKeys.from_settings(self.settings), self.health
         )
         self.log = io.StringIO()
-        self.proxy.access_log = access_log.AccessLog(self.log)
-        self.proxy.pool = ScriptedPool(response)  # type: ignore[assignment]
+        self.relay.access_log = access_log.AccessLog(self.log)
+        self.relay.pool = ScriptedPool(response)  # type: ignore[assignment]
         self.sent: list[dict] = []
 
     async def call(self, receive: Callable[[], Awaitable[dict]], scope_extra: dict | None = None) -> None:
@@ -110,8 +110,8 @@ class Harness:
         async def send(message: dict) -> None:
             self.sent.append(message)
 
-        await self.proxy(scope, receive, send)
-        self.proxy.access_log.flush()
+        await self.relay(scope, receive, send)
+        self.relay.access_log.flush()
 
     def logged(self) -> dict:
         lines = self.log.getvalue().splitlines()
@@ -157,8 +157,8 @@ def test_a_stream_is_relayed_chunk_by_chunk_counted_logged_and_taught_to_admissi
     bodies = [m for m in h.sent if m["type"] == "http.response.body"]
     assert [m["body"] for m in bodies] == chunks  # one write per chunk as it came, never buffered
     assert bodies[-1]["more_body"] is False and all(m["more_body"] for m in bodies[:-1])
-    assert h.proxy.pool.response.released  # type: ignore[union-attr]
-    method, target, headers = h.proxy.pool.requests[0]  # type: ignore[union-attr]
+    assert h.relay.pool.response.released  # type: ignore[union-attr]
+    method, target, headers = h.relay.pool.requests[0]  # type: ignore[union-attr]
     assert (method, target) == ("POST", b"/v1/completions") and (b"x-request-id", b"req-1") in headers
 
     line = h.logged()
@@ -187,7 +187,7 @@ def test_a_client_leaving_mid_stream_cancels_the_relay_under_a_plain_asgi_server
     asyncio.run(scenario())
     line = h.logged()
     assert line["status"] == 499 and line["client_disconnected"] is True
-    assert h.proxy.pool.response.released  # type: ignore[union-attr]  # the engine connection is closed
+    assert h.relay.pool.response.released  # type: ignore[union-attr]  # the engine connection is closed
     assert h.learnt == [(None, "ignore")] and h.admission.in_flight == 0
 
 

@@ -232,7 +232,7 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     from palmyra_serve.sidecar.admission.control import build_admission
     from palmyra_serve.sidecar.admission.plan import AdmissionPlan
     from palmyra_serve.sidecar.relay.auth import ApiKeys
-    from palmyra_serve.sidecar.relay.handler import Proxy
+    from palmyra_serve.sidecar.relay.handler import Relay
 
     settings = Settings(auth_disabled=True)
     metrics = SidecarMetrics()
@@ -240,12 +240,12 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     health.record_health(True, "ok")
     health.set_phase("ready")
     admission = build_admission(settings, AdmissionPlan.of(settings))
-    proxy = Proxy(settings, metrics, admission, ApiKeys.from_settings(settings), health)
+    relay = Relay(settings, metrics, admission, ApiKeys.from_settings(settings), health)
 
     def broken(*_args: object) -> None:
         raise RuntimeError("a bug in the sidecar")
 
-    proxy._check_cost = broken  # type: ignore[method-assign]  # the injected fault
+    relay._check_cost = broken  # type: ignore[method-assign]  # the injected fault
     sent: list[dict] = []
 
     async def receive() -> dict:
@@ -256,7 +256,7 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
 
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
     for _ in range(3):
-        asyncio.run(proxy(scope, receive, send))
+        asyncio.run(relay(scope, receive, send))
     starts = [m for m in sent if m["type"] == "http.response.start"]
     assert [m["status"] for m in starts] == [500, 500, 500]
     assert b"internal_error" in sent[1]["body"]

@@ -32,7 +32,7 @@ from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.relay.auth import ApiKeys, validate_engine_key
-from palmyra_serve.sidecar.relay.handler import Proxy
+from palmyra_serve.sidecar.relay.handler import Relay
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.upstream.control import EngineClient, new_session
 from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES
@@ -70,8 +70,8 @@ class SidecarState:
         if isinstance(self.admission, AdaptiveAdmission):
             self.admission.on_fault = metrics.admission_faults.inc
         validate_engine_key(settings.engine_api_key)  # AuthConfigError: serve() refuses to start
-        self.proxy = Proxy(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
-        metrics.bodies_arriving.set_function(self.proxy.uploads_arriving)
+        self.relay = Relay(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
+        metrics.bodies_arriving.set_function(self.relay.uploads_arriving)
         self.session: aiohttp.ClientSession | None = None
         self.engine_metrics: EngineMetricsCache | None = None  # set by the lifespan, with the session
 
@@ -89,7 +89,7 @@ class SidecarState:
         log.info("draining", extra={"fields": {"in_flight": self.admission.in_flight, "queued": self.admission.queued}})
         drained = asyncio.ensure_future(self.admission.drain(self.settings.drain_timeout_s))
         await asyncio.sleep(0)  # admission is closed now: a body still arriving could only be refused
-        self.proxy.refuse_uploads()
+        self.relay.refuse_uploads()
         emptied = await drained
         log.info(
             "drained" if emptied else "drain timeout: requests still in flight",
@@ -123,16 +123,16 @@ class SidecarApp:
         self.control = control
         self.state = control.state
         self.sidecar = state
-        self.proxy = state.proxy
+        self.relay = state.relay
         self.probe_port = state.settings.probe_port
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if self.probe_port and scope["type"] == "http" and _local_port(scope) == self.probe_port:
+        if self.probe_port and scope["type"] == "http" and _scope_server_port(scope) == self.probe_port:
             if scope["path"] not in PROBE_PATHS:
                 await _refuse_off_probe_port(scope, send)
                 return
         elif scope["type"] == "http" and scope["path"] not in CONTROL_PATHS:
-            await self.proxy(scope, receive, send)
+            await self.relay(scope, receive, send)
             return
         elif scope["type"] == "http" and scope["path"] in KEYED_CONTROL_PATHS and not self._keyed(scope):
             await _refuse_unauthorized(send)
@@ -141,10 +141,10 @@ class SidecarApp:
 
     def _keyed(self, scope: dict) -> bool:
         auth = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-        return self.proxy.keys.check(auth)
+        return self.relay.keys.check(auth)
 
 
-def _local_port(scope: dict) -> int | None:
+def _scope_server_port(scope: dict) -> int | None:
     server = scope.get("server")
     return server[1] if server else None
 
@@ -172,7 +172,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_session = session is None
         state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
-        state.proxy.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
+        state.relay.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
         engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
         state.engine_metrics = EngineMetricsCache(engine_fetch(engine), settings.retry_after_s)
         tasks = [
@@ -183,7 +183,7 @@ def create_app(
         log.info(
             "sidecar started",
             extra={
-                "fields": {"version": __version__, "engine_url": settings.engine_url, "auth": state.proxy.keys.enabled}
+                "fields": {"version": __version__, "engine_url": settings.engine_url, "auth": state.relay.keys.enabled}
             },
         )
         try:
@@ -192,8 +192,8 @@ def create_app(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            state.proxy.pool.close()
-            state.proxy.access_log.flush()
+            state.relay.pool.close()
+            state.relay.access_log.flush()
             if own_session:
                 await state.session.close()
 

@@ -182,7 +182,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # --- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         cls = type(self)
-        self._probe = bool(self.probe_port) and _local_port(transport) == self.probe_port
+        self._probe = bool(self.probe_port) and _transport_port(transport) == self.probe_port
         if self._probe:
             full = cls.probe_connections >= PROBE_MAX_CONNECTIONS
         else:
@@ -491,7 +491,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.metrics.count_request(OTHER, exc.status)
 
 
-def _local_port(transport: asyncio.Transport) -> int | None:
+def _transport_port(transport: asyncio.Transport) -> int | None:
     sockname = transport.get_extra_info("sockname")
     return sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 

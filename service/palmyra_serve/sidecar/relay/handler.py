@@ -86,7 +86,7 @@ def request_id_from(raw: bytes | None) -> str:
     return os.urandom(16).hex()
 
 
-class Proxy:
+class Relay:
     def __init__(
         self,
         settings: Settings,
