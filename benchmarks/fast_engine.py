@@ -17,8 +17,10 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = [(b"content-type", b"text/event-stream")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 MODELS = b'{"object":"list","data":[{"id":"palmyra-mini","object":"model","max_model_len":4096,"root":null}]}'
-COMPLETION = (b'{"object":"text_completion","choices":[{"index":0,"text":"ok"}],'
-              b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+COMPLETION = (
+    b'{"object":"text_completion","choices":[{"index":0,"text":"ok"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
 
 
 async def app(scope, receive, send):
@@ -54,5 +56,13 @@ async def app(scope, receive, send):
 
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
-                access_log=False, log_level="warning", backlog=4096)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        backlog=4096,
+    )

@@ -55,12 +55,16 @@ def ns_per_read(fn, reads: list[bytes]) -> float:
 
 def main() -> None:
     cases = json.loads(RECORDED.read_text())["cases"]
-    print(f"{'stream':28} {'reads':>5} {'events':>6} {'before ns/read':>15} {'after ns/read':>14} {'after ns/event':>15}")
+    print(
+        f"{'stream':28} {'reads':>5} {'events':>6} {'before ns/read':>15} {'after ns/read':>14} {'after ns/event':>15}"
+    )
     for case in cases:
         reads = [r.encode("latin-1") for r in case["reads"]]
         events = b"".join(reads).count(b"\n\n")
         old, new = ns_per_read(before, reads), ns_per_read(after, reads)
-        print(f"{case['name']:28} {len(reads):5d} {events:6d} {old:15.0f} {new:14.0f} {new * len(reads) / events:15.0f}")
+        print(
+            f"{case['name']:28} {len(reads):5d} {events:6d} {old:15.0f} {new:14.0f} {new * len(reads) / events:15.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,9 @@ local_prometheus = _load_module("palmyra_local_prometheus_autoscaling", REPO / "
 
 def rendered_scaledobject() -> dict:
     """The ScaledObject as a cluster receives it: an overlay that ships KEDA, rendered by kubectl."""
-    out = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "nvidia")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "nvidia")], capture_output=True, text=True, check=True
+    ).stdout
     [scaled] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ScaledObject"]
     return scaled
 
@@ -88,11 +89,18 @@ def module_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sidecar(module_log_dir: Path) -> Iterator[procs.Server]:
     # Fixed mode: the test needs a capacity it knows (the adaptive limit would move with the fake's latency).
-    env = {"PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": str(LIMIT), "PALMYRA_MAX_QUEUE": "32",
-           "PALMYRA_QUEUE_TIMEOUT_S": "60",
-           "PALMYRA_CANARY_INTERVAL_S": "5", "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.5"}
-    with procs.fake_engine(module_log_dir) as engine, \
-            procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server:
+    env = {
+        "PALMYRA_ADMISSION_MODE": "fixed",
+        "PALMYRA_MAX_IN_FLIGHT": str(LIMIT),
+        "PALMYRA_MAX_QUEUE": "32",
+        "PALMYRA_QUEUE_TIMEOUT_S": "60",
+        "PALMYRA_CANARY_INTERVAL_S": "5",
+        "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.5",
+    }
+    with (
+        procs.fake_engine(module_log_dir) as engine,
+        procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server,
+    ):
         yield server
 
 
@@ -139,15 +147,21 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
         return value
 
     # Idle: a full window of samples, nothing in flight or queued, nothing refused.
-    wait_until(lambda: window_saw(prom, f"count_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool 20"),
-               60, "30 s of idle samples")
+    wait_until(
+        lambda: window_saw(prom, f"count_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool 20"),
+        60,
+        "30 s of idle samples",
+    )
     measure("idle", lo)
     assert measured["idle"][1] == lo
 
     with ClosedLoop(sidecar.url, LIMIT, SLOW, timeout_s=60) as one_x:
         # 1x: the replica was full for the whole window (a scrape may catch one slot between requests).
-        wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}"),
-                   90, "a full window at 1x load")
+        wait_until(
+            lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}"),
+            90,
+            "a full window at 1x load",
+        )
         assert scalar(prom, f"max_over_time(palmyra_queued_requests{sel}[30s])") <= 1
         measure("1x", 1)
     assert set(one_x.statuses) == {200}, set(one_x.statuses)
@@ -155,17 +169,25 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
 
     with ClosedLoop(sidecar.url, 2 * LIMIT, SLOW, timeout_s=60) as two_x:
         # 2x: the window saw the replica full and the queue holding the other half.
-        wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}")
-                   and window_saw(prom, f"min_over_time(palmyra_queued_requests{sel}[30s]) >= bool {LIMIT - 2}"),
-                   90, "a full window at 2x load")
+        wait_until(
+            lambda: (
+                window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}")
+                and window_saw(prom, f"min_over_time(palmyra_queued_requests{sel}[30s]) >= bool {LIMIT - 2}")
+            ),
+            90,
+            "a full window at 2x load",
+        )
         measure("2x", 1)
     assert set(two_x.statuses) == {200}, set(two_x.statuses)
     assert measured["2x"][1] >= 2 * measured["1x"][1]
     assert measured["2x"][2] >= 2 * measured["1x"][2]
 
     # Back to idle: once the window holds no load, the minimum again.
-    wait_until(lambda: window_saw(prom, f"max_over_time(palmyra_in_flight_requests{sel}[30s]) == bool 0"),
-               90, "a window without load")
+    wait_until(
+        lambda: window_saw(prom, f"max_over_time(palmyra_in_flight_requests{sel}[30s]) == bool 0"),
+        90,
+        "a window without load",
+    )
     measure("idle again", 2)
     assert measured["idle again"][1] == lo
 

@@ -80,8 +80,6 @@ class _Server(ThreadingHTTPServer):
         pass  # the probe hangs up on slow routes on purpose: broken pipes are expected
 
 
-
-
 @pytest.fixture(scope="module")
 def probe_endpoints() -> Iterator[Endpoints]:
     stop = threading.Event()

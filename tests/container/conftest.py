@@ -29,7 +29,9 @@ _SUMMARY: list[str] = []
 @pytest.fixture(scope="session")
 def podman_env() -> Iterator[None]:
     for binary in ("podman", "runc", "debootstrap"):
-        assert shutil.which(binary), f"{binary} missing: ./test.sh container installs it (apt-get install podman runc debootstrap)"
+        assert shutil.which(binary), (
+            f"{binary} missing: ./test.sh container installs it (apt-get install podman runc debootstrap)"
+        )
     previous = os.environ.get("CONTAINERS_CONF")
     os.environ["CONTAINERS_CONF"] = str(PODMAN_DIR / "containers.conf")
     yield

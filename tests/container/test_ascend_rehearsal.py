@@ -37,12 +37,32 @@ UID, GID = 1234, 2345  # not the default 1000: the build arguments must take eff
 # The node's HwHiAiUser group when it is not the image's: added by number, as group_add does.
 NODE_GID = 3456
 # What the launcher imports that upstream's image has, at the versions upstream's set resolves to.
-FROM_UPSTREAM = ("pydantic", "pydantic-core", "typing-extensions", "typing-inspection", "annotated-types",
-                 "python-dotenv", "huggingface-hub", "modelscope")
+FROM_UPSTREAM = (
+    "pydantic",
+    "pydantic-core",
+    "typing-extensions",
+    "typing-inspection",
+    "annotated-types",
+    "python-dotenv",
+    "huggingface-hub",
+    "modelscope",
+)
 # Every variable naming a directory the engine, CANN, vLLM or a library writes into.
-DIR_VARS = ("PALMYRA_WORK_DIR", "HOME", "TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "MODELSCOPE_CACHE",
-            "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
-            "ASCEND_PROCESS_LOG_PATH")
+DIR_VARS = (
+    "PALMYRA_WORK_DIR",
+    "HOME",
+    "TMPDIR",
+    "VLLM_CACHE_ROOT",
+    "VLLM_CONFIG_ROOT",
+    "HF_HOME",
+    "MODELSCOPE_CACHE",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "NUMBA_CACHE_DIR",
+    "ASCEND_CACHE_PATH",
+    "ASCEND_WORK_PATH",
+    "ASCEND_PROCESS_LOG_PATH",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +73,19 @@ def rehearsal_image(podman_env: None, tmp_path_factory: pytest.TempPathFactory) 
     packages = " ".join(f"{name}=={versions[name]}" for name in FROM_UPSTREAM)
     run_logged([str(PODMAN_DIR / "build-vllm-ascend-stand-in.sh"), packages], logs / "stand-in.log", timeout=1200)
     run_logged(
-        [str(PODMAN_DIR / "build-image.sh"), "engine-ascend", IMAGE, "--build-arg", f"VLLM_ASCEND_BASE={STAND_IN}",
-         "--build-arg", f"HWHIAIUSER_UID={UID}", "--build-arg", f"HWHIAIUSER_GID={GID}"],
-        logs / "engine-ascend.log", timeout=1800,
+        [
+            str(PODMAN_DIR / "build-image.sh"),
+            "engine-ascend",
+            IMAGE,
+            "--build-arg",
+            f"VLLM_ASCEND_BASE={STAND_IN}",
+            "--build-arg",
+            f"HWHIAIUSER_UID={UID}",
+            "--build-arg",
+            f"HWHIAIUSER_GID={GID}",
+        ],
+        logs / "engine-ascend.log",
+        timeout=1800,
     )
     build = (logs / "engine-ascend.log").read_text()
     return IMAGE, build
@@ -82,10 +112,27 @@ echo "command: $("$@")"
 """
 
 
-def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: dict[str, str] | None = None,
-                    groups: tuple[int, ...] = ()):
-    args = ["run", "--rm", "--network", "host", "--read-only", "--tmpfs", "/tmp:rw,mode=1777",
-            "-v", f"{cache}:/cache", "-v", f"{models}:/models:ro"]
+def run_as_operator(
+    image: str,
+    cache: Path,
+    models: Path,
+    *command: str,
+    env: dict[str, str] | None = None,
+    groups: tuple[int, ...] = (),
+):
+    args = [
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--read-only",
+        "--tmpfs",
+        "/tmp:rw,mode=1777",
+        "-v",
+        f"{cache}:/cache",
+        "-v",
+        f"{models}:/models:ro",
+    ]
     for gid in groups:
         args += ["--group-add", str(gid)]
     for key, value in (env or {}).items():
@@ -93,10 +140,14 @@ def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: d
     return podman(*args, image, *command, check=False, timeout=300)
 
 
-def probe(image: str, cache: Path, models: Path, env: dict[str, str], groups: tuple[int, ...]) -> tuple[dict, dict, str]:
+def probe(
+    image: str, cache: Path, models: Path, env: dict[str, str], groups: tuple[int, ...]
+) -> tuple[dict, dict, str]:
     """Runs PROBE through the image's entrypoint, then the image's CMD with --print-command."""
     script = PROBE.replace("DIR_VARS", " ".join(DIR_VARS))
-    run = run_as_operator(image, cache, models, "bash", "-c", script, "probe", *cmd.print_argv(), env=env, groups=groups)
+    run = run_as_operator(
+        image, cache, models, "bash", "-c", script, "probe", *cmd.print_argv(), env=env, groups=groups
+    )
     print(run.stdout)
     print(run.stderr)
     assert run.returncode == 0, run.stderr
@@ -147,7 +198,9 @@ def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image
     # Every directory the image's environment names, at the image's value, is writable.
     image_env = cmd.image_env()
     on_cache = {k for k, v in image_env.items() if v.startswith("/cache")}
-    assert on_cache <= set(DIR_VARS), f"a path variable of the image the probe does not know: {on_cache - set(DIR_VARS)}"
+    assert on_cache <= set(DIR_VARS), (
+        f"a path variable of the image the probe does not know: {on_cache - set(DIR_VARS)}"
+    )
     assert dirs == {**{k: (True, image_env[k]) for k in on_cache}, "tmpfs": (True, "/tmp")}, dirs
     # The printed command is the host's line, which test_ascend_image.py parses with vLLM 0.18.0.
     image_assigned, image_words = cmd.split(out["command"])
@@ -169,13 +222,17 @@ def deployed(where: str) -> tuple[dict[str, str], tuple[int, ...]]:
 
     objects = render("ascend-hami")
     spec = pod_spec(objects)
-    env = {**config_data(objects), **{e["name"]: e["value"] for e in container(spec, "engine").get("env", []) if "value" in e}}
+    env = {
+        **config_data(objects),
+        **{e["name"]: e["value"] for e in container(spec, "engine").get("env", []) if "value" in e},
+    }
     return env, tuple(spec["securityContext"].get("supplementalGroups", []))
 
 
 @pytest.mark.parametrize("where", ["compose", "k8s"])
-def test_deployed_environment_is_writable_under_the_read_only_root(rehearsal_image: tuple[str, str], volumes,
-                                                                   where: str) -> None:
+def test_deployed_environment_is_writable_under_the_read_only_root(
+    rehearsal_image: tuple[str, str], volumes, where: str
+) -> None:
     image, _build = rehearsal_image
     cache, models = volumes
     env, groups = deployed(where)
@@ -190,7 +247,9 @@ def test_deployed_environment_is_writable_under_the_read_only_root(rehearsal_ima
         assert path == env.get(var, cmd.image_env().get(var, path)), f"{where}: {var} is {path}"
 
 
-def test_default_command_refuses_the_stand_in_and_says_how_to_give_weights(rehearsal_image: tuple[str, str], volumes) -> None:
+def test_default_command_refuses_the_stand_in_and_says_how_to_give_weights(
+    rehearsal_image: tuple[str, str], volumes
+) -> None:
     image, _build = rehearsal_image
     cache, models = volumes
     # No weights on /models, the hub unreachable: an accelerator image must not serve random weights.

@@ -85,8 +85,9 @@ def with_group_continued(eng: RestartableEngine) -> None:
 
 @pytest.fixture(scope="module")
 def sidecar(engine: RestartableEngine, log_dir) -> Iterator[procs.Server]:
-    with procs.sidecar(engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST,
-                       timeout_s=120) as server:
+    with procs.sidecar(
+        engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST, timeout_s=120
+    ) as server:
         yield server
 
 
@@ -103,9 +104,16 @@ def stream_endings(threads, t_fault: float) -> list[dict]:
         assert not t.is_alive(), "a client stream hung after the engine failed"
         r = t.result
         err = r.error_event()
-        out.append({"after_s": round(r.ended_at - t_fault, 3), "status": r.status,
-                    "tokens_before": r.tokens, "error_event": err.get("code") if err else None,
-                    "closed": r.error is not None, "done": r.done})
+        out.append(
+            {
+                "after_s": round(r.ended_at - t_fault, 3),
+                "status": r.status,
+                "tokens_before": r.tokens,
+                "error_event": err.get("code") if err else None,
+                "closed": r.error is not None,
+                "done": r.done,
+            }
+        )
     return out
 
 
@@ -127,8 +135,12 @@ def recover(engine: RestartableEngine, sidecar: procs.Server) -> dict:
     body = HTTP.get(f"{sidecar.url}/ready", timeout=2).json()
     assert body["progress"]["done"] == body["progress"]["total"] > 0
     assert generate_ok(sidecar.url)
-    return {"engine_restart_s": round(engine_start_s, 1), "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
-            "warmup_s": body["warmup_seconds"], "ready_wait_s": round(ready_after_s, 2)}
+    return {
+        "engine_restart_s": round(engine_start_s, 1),
+        "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
+        "warmup_s": body["warmup_seconds"],
+        "ready_wait_s": round(ready_after_s, 2),
+    }
 
 
 def test_engine_hung_by_sigstop(engine, sidecar):
@@ -163,10 +175,16 @@ def test_engine_hung_by_sigstop(engine, sidecar):
     recovered_s = time.monotonic() - t_cont
     assert liveness(sidecar.url)[0] == 200
     assert generate_ok(sidecar.url)
-    figure("engine hung (SIGSTOP)", request_504_after_s=round(request_s, 2),
-           streams_ended_after_s=[e["after_s"] for e in endings], unready_after_s=round(unready_s, 2),
-           liveness_failed_after_s=round(hung_s, 2), liveness_budget_s=LIVENESS_BUDGET_S,
-           read_timeout_s=READ_TIMEOUT_S, ready_again_after_sigcont_s=round(recovered_s, 2))
+    figure(
+        "engine hung (SIGSTOP)",
+        request_504_after_s=round(request_s, 2),
+        streams_ended_after_s=[e["after_s"] for e in endings],
+        unready_after_s=round(unready_s, 2),
+        liveness_failed_after_s=round(hung_s, 2),
+        liveness_budget_s=LIVENESS_BUDGET_S,
+        read_timeout_s=READ_TIMEOUT_S,
+        ready_again_after_sigcont_s=round(recovered_s, 2),
+    )
 
 
 @pytest.mark.parametrize("target", ["engine-core", "process-group"])
@@ -213,8 +231,14 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
         assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
 
     recovered = recover(engine, sidecar)
-    figure(f"engine killed mid-stream ({target})", streams=len(endings),
-           ended_after_s=[e["after_s"] for e in endings],
-           endings=sorted({e["error_event"] or "connection closed" for e in endings}),
-           unready_after_s=round(unready_s, 2), unlive_after_s=round(unlive_s, 2), health=body["status"],
-           request_while_dead=during.status_code, **recovered)
+    figure(
+        f"engine killed mid-stream ({target})",
+        streams=len(endings),
+        ended_after_s=[e["after_s"] for e in endings],
+        endings=sorted({e["error_event"] or "connection closed" for e in endings}),
+        unready_after_s=round(unready_s, 2),
+        unlive_after_s=round(unlive_s, 2),
+        health=body["status"],
+        request_while_dead=during.status_code,
+        **recovered,
+    )

@@ -46,8 +46,15 @@ def fuzz(base_url: str, max_examples: int) -> tuple[collections.Counter, list[st
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in GenerationMode:
-            @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+
+            @settings(
+                max_examples=max_examples,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.generate],
+            )
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case: schemathesis.Case) -> None:
                 bound_cost(case.body)
@@ -58,8 +65,9 @@ def fuzz(base_url: str, max_examples: int) -> tuple[collections.Counter, list[st
                     return
                 seen[(operation.label, resp.status_code)] += 1
                 if resp.status_code >= 500:
-                    failures.append(f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} "
-                                    f"-> {resp.text[:200]}")
+                    failures.append(
+                        f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} -> {resp.text[:200]}"
+                    )
 
             try:
                 run()
@@ -73,8 +81,13 @@ def check(sidecar_server, engine_server, max_examples: int, label: str) -> None:
     statuses = collections.Counter()
     for (_, status), count in seen.items():
         statuses[status] += count
-    figure(label, cases=sum(seen.values()) + len(failures), seconds=round(took, 1),
-           statuses=dict(sorted(statuses.items())), failures=len(failures))
+    figure(
+        label,
+        cases=sum(seen.values()) + len(failures),
+        seconds=round(took, 1),
+        statuses=dict(sorted(statuses.items())),
+        failures=len(failures),
+    )
     for failure in failures[:20]:
         print("  " + failure)
     assert sidecar_server.proc.poll() is None, "the sidecar crashed"

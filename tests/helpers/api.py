@@ -54,8 +54,10 @@ def raw_json_post(path: str, payload: dict, headers: dict[str, str] | None = Non
     """A whole HTTP/1.1 POST as bytes, for tests that hold the socket themselves (to cut it)."""
     body = json.dumps(payload).encode()
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def metric_value(client: httpx.Client, url: str, name: str) -> float:

@@ -98,6 +98,8 @@ def busy_connection(port: int) -> socket.socket:
     """A connection in the middle of a request: a POST whose body never finishes arriving (the
     relay waits for it until the body deadline). Never closed to make room at the cap."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 100\r\n\r\n{\"model\"")
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model"'
+    )
     return s

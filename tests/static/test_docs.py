@@ -45,6 +45,7 @@ def markdown_files() -> list[Path]:
 
 # --- generated references ---------------------------------------------------------------------
 
+
 def test_generated_docs_are_current():
     out = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"docs are stale; run `python scripts/gen_docs.py`\n{out.stdout}{out.stderr}"
@@ -81,8 +82,12 @@ def test_every_setting_and_subcommand_is_in_the_configuration_reference():
 
 def exposed_sample_names() -> set[str]:
     metrics = SidecarMetrics()
-    return {s.name for fam in metrics.registry.collect() for s in fam.samples
-            if not s.name.endswith(("_bucket", "_sum", "_count"))}
+    return {
+        s.name
+        for fam in metrics.registry.collect()
+        for s in fam.samples
+        if not s.name.endswith(("_bucket", "_sum", "_count"))
+    }
 
 
 def test_every_sidecar_metric_is_in_the_metrics_reference():
@@ -117,10 +122,14 @@ def vllm_names(objects) -> set[str]:
 
 
 def monitoring_vllm_names() -> set[str]:
-    dashboards = [json.loads(p.read_text(encoding="utf-8"))
-                  for p in sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))]
-    rules = [yaml.safe_load(p.read_text(encoding="utf-8"))
-             for p in sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))]
+    dashboards = [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))
+    ]
+    rules = [
+        yaml.safe_load(p.read_text(encoding="utf-8"))
+        for p in sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
+    ]
     assert dashboards and rules
     return vllm_names(dashboards + rules)
 
@@ -138,8 +147,9 @@ def test_engine_metrics_table_matches_dashboards_and_rules():
 
 def test_engine_metric_name_extraction_sees_histogram_series():
     # The drift test above compares base names: a histogram used through its _bucket series counts.
-    assert vllm_names([{"expr": "histogram_quantile(0.9, rate(vllm:e2e_request_latency_seconds_bucket[5m]))"}]) \
-        == {"vllm:e2e_request_latency_seconds"}
+    assert vllm_names([{"expr": "histogram_quantile(0.9, rate(vllm:e2e_request_latency_seconds_bucket[5m]))"}]) == {
+        "vllm:e2e_request_latency_seconds"
+    }
     assert "vllm:num_requests_waiting" in monitoring_vllm_names()
 
 
@@ -169,7 +179,10 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
-    "PALMYRA_RELIABILITY_FIGURES": ("tests/engine/reliability_support.py", "where the reliability suite appends its figures"),
+    "PALMYRA_RELIABILITY_FIGURES": (
+        "tests/engine/reliability_support.py",
+        "where the reliability suite appends its figures",
+    ),
 }
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
@@ -203,8 +216,9 @@ def test_allowed_non_setting_is_really_read_where_claimed_and_documented(name):
     reader, _reason = ALLOWED_NON_SETTINGS[name]
     assert name not in {f"PALMYRA_{f.upper()}" for f in Settings.model_fields}, "it is a setting now: drop it here"
     assert name in (REPO / reader).read_text(encoding="utf-8"), f"{reader} no longer reads {name}"
-    documented = (DOCS / "configuration.md").read_text(encoding="utf-8") + \
-        (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    documented = (DOCS / "configuration.md").read_text(encoding="utf-8") + (REPO / "CONTRIBUTING.md").read_text(
+        encoding="utf-8"
+    )
     assert f"`{name}`" in documented, "explain it in docs/configuration.md (or CONTRIBUTING.md for test knobs)"
 
 
@@ -270,9 +284,11 @@ def test_github_slugs():
 
 def test_link_check_catches_a_missing_file_and_a_missing_anchor():
     probe = DOCS / "link-check-probe.md"  # never written: its text is passed in
-    text = ("[a](configuration.md#settings) [b](nope.md) [c](metrics.md#no-such-heading) "
-            "[d](https://example.com/x) `[e](ignored.md)` [f](#local) [g](#elsewhere) [h](../../outside.md)\n"
-            "# Local\n")
+    text = (
+        "[a](configuration.md#settings) [b](nope.md) [c](metrics.md#no-such-heading) "
+        "[d](https://example.com/x) `[e](ignored.md)` [f](#local) [g](#elsewhere) [h](../../outside.md)\n"
+        "# Local\n"
+    )
     assert broken_links(probe, text) == [
         "nope.md: no such file",
         "metrics.md#no-such-heading: no heading with anchor #no-such-heading in docs/metrics.md",

@@ -54,6 +54,7 @@ def sizing_t() -> int:
 
 # --- the caches are on the cache volume --------------------------------------------------------
 
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_restart_caches_are_on_the_cache_volume_in_every_overlay(overlay):
     spec = pod_spec(render(overlay))
@@ -93,6 +94,7 @@ def test_the_cache_check_can_fail():
 
 
 # --- sized by the measured time to ready --------------------------------------------------------
+
 
 def test_committed_measurement_has_cold_and_warm_runs_of_both_stand_ins():
     data = measured()

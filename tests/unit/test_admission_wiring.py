@@ -49,8 +49,7 @@ def test_a_limit_that_already_moved_keeps_its_value_under_a_new_ceiling() -> Non
     assert isinstance(adm, AdaptiveAdmission)
     adm.gate.limiter._limit = 100.0
     adm.gate.limiter.slow_start = False
-    learn_ceiling(adm, Settings(platform="cpu", admission_kv_tokens_per_request=32768, auth_disabled=True),
-                  CACHE_INFO)
+    learn_ceiling(adm, Settings(platform="cpu", admission_kv_tokens_per_request=32768, auth_disabled=True), CACHE_INFO)
     assert adm.limit == 64, "clamped to the new ceiling (2 097 152 / 32 768), not restarted"
 
 

@@ -27,8 +27,10 @@ def refusal(payload: dict, chat: bool = False) -> errors.ApiError | None:
     return None
 
 
-@pytest.mark.parametrize(("value", "read"), [(1000, 1000), ("1000", 1000), (1000.0, 1000), ("1_000", 1000),
-                                             (" 12 ", 12), (True, 1), (None, None)])
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [(1000, 1000), ("1000", 1000), (1000.0, 1000), ("1_000", 1000), (" 12 ", 12), (True, 1), (None, None)],
+)
 def test_integers_are_read_the_way_pydantic_reads_them(value, read):
     assert as_int({"max_tokens": value}, "max_tokens") == read
 
@@ -94,11 +96,20 @@ def test_the_api_document_lists_exactly_the_relayed_routes():
 
 
 def test_front_end_codes_are_the_codes_the_constructors_use():
-    made = {errors.not_found("GET", "/x").code, errors.method_not_allowed("GET", "/x", "POST").code,
-            errors.upgrade_refused().code, errors.invalid_parameter("n", "x").code,
-            errors.parameter_too_large("n", 9, 8).code, errors.invalid_role("x", "y").code,
-            errors.bodies_over_budget(1).code, errors.header_too_large(1).code, errors.request_line_too_long(1).code,
-            errors.too_many_connections(1).code, errors.header_timeout(1).code, errors.write_timeout(1).code}
+    made = {
+        errors.not_found("GET", "/x").code,
+        errors.method_not_allowed("GET", "/x", "POST").code,
+        errors.upgrade_refused().code,
+        errors.invalid_parameter("n", "x").code,
+        errors.parameter_too_large("n", 9, 8).code,
+        errors.invalid_role("x", "y").code,
+        errors.bodies_over_budget(1).code,
+        errors.header_too_large(1).code,
+        errors.request_line_too_long(1).code,
+        errors.too_many_connections(1).code,
+        errors.header_timeout(1).code,
+        errors.write_timeout(1).code,
+    }
     assert made == set(errors.FRONT_END_CODES)
 
 

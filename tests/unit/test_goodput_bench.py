@@ -80,10 +80,24 @@ def test_an_empty_rate_has_no_percentiles(goodput) -> None:
 def test_the_report_has_one_line_per_rate_and_target_with_the_share_of_peak(goodput, tmp_path) -> None:
     g = goodput
     rows = {"bare vLLM": g.summarize_rate([ok(g)] * 10, 1.0), "sidecar": g.summarize_rate([ok(g)] * 5, 1.0)}
-    doc = {"meta": {"label": "baseline", "started_at": "now", "cpus": 2, "cpu_model": "cpu", "sidecar_env": {},
-                    "seconds": 1.0, "prompt_words": 48, "max_tokens": 64, "ttft_slo_s": 2.0, "itl_slo_s": 0.25,
-                    "capacity_per_s": 10.0, "capacity_source": "given", "drain_s": 5.0},
-           "rates": [{"multiple": 1.0, "offered_per_s": 10.0, "targets": rows}]}
+    doc = {
+        "meta": {
+            "label": "baseline",
+            "started_at": "now",
+            "cpus": 2,
+            "cpu_model": "cpu",
+            "sidecar_env": {},
+            "seconds": 1.0,
+            "prompt_words": 48,
+            "max_tokens": 64,
+            "ttft_slo_s": 2.0,
+            "itl_slo_s": 0.25,
+            "capacity_per_s": 10.0,
+            "capacity_source": "given",
+            "drain_s": 5.0,
+        },
+        "rates": [{"multiple": 1.0, "offered_per_s": 10.0, "targets": rows}],
+    }
     md = g.markdown(doc)
     assert "| 10.0/s (1×) | bare vLLM | 10.0 | 100% |" in md
     assert "| 10.0/s (1×) | sidecar | 5.0 | 50% |" in md

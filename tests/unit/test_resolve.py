@@ -44,7 +44,12 @@ def test_accelerators_refuse_the_stand_in_unless_allowed(tmp_path, monkeypatch, 
         resolve.resolve(Settings(model_dir=tmp_path / "m"), platform=platform)
     message = str(refused.value)
     assert f"the platform is {platform}" in message and "not reachable" in message
-    for way in ("PALMYRA_MODEL=<hub id>", "HF_ENDPOINT=<mirror URL>", "PALMYRA_MODEL_SOURCE=modelscope", "PALMYRA_MODEL=/path"):
+    for way in (
+        "PALMYRA_MODEL=<hub id>",
+        "HF_ENDPOINT=<mirror URL>",
+        "PALMYRA_MODEL_SOURCE=modelscope",
+        "PALMYRA_MODEL=/path",
+    ):
         assert way in message
     assert not (tmp_path / "m").exists()
     # A stand-in already on the volume (left by an earlier CPU run) is refused as well.
