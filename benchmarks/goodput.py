@@ -382,7 +382,7 @@ async def open_loop(
     tasks: list[asyncio.Task] = []
     loop = asyncio.get_running_loop()
     start = loop.time()
-    for at, r in zip(arrivals, results):
+    for at, r in zip(arrivals, results, strict=True):
         delay = start + at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -390,7 +390,7 @@ async def open_loop(
     end_of_arrivals = start + seconds
     if tasks:
         await asyncio.wait(tasks, timeout=max(0.0, end_of_arrivals + drain_s - loop.time()))
-    for task, r in zip(tasks, results):
+    for task, r in zip(tasks, results, strict=True):
         if not task.done():
             r.unfinished = True
             task.cancel()

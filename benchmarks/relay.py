@@ -7,8 +7,8 @@ bottleneck) gives requests/s; a lean asyncio client (the sidecar's own C-parsed 
 percentiles from alternating rounds; /proc gives each proxy's own CPU time per 1000 relayed requests.
 
 Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through nginx vs through the
-sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first request after /ready against the
-steady-state p50 (warmup must have removed the cold start).
+sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first
+request after /ready against the steady-state p50 (warmup must have removed the cold start).
 
     python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
     python benchmarks/relay.py --workload A    # only the fake-engine relay
@@ -251,7 +251,7 @@ async def stream_tokens(
             "temperature": 0,
         }
     ).encode()
-    headers = headers + [(b"content-type", b"application/json")]
+    headers = [*headers, (b"content-type", b"application/json")]
     pool = EnginePool(base, 10, 600)
     latencies: list[float] = []
     tokens = 0
@@ -332,7 +332,8 @@ def report(a: dict | None, b: dict | None) -> str:
         lines += [
             "## Workload A: fast fake engine, 64 SSE chunks per request",
             "",
-            "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms | proxy CPU s / 1000 req |",
+            "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms "
+            "| proxy CPU s / 1000 req |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for c in a["concurrency"]:

@@ -88,7 +88,7 @@ class LocalPrometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> "LocalPrometheus":
+    def start(self, timeout_s: float = 30.0) -> LocalPrometheus:
         self.workdir = Path(tempfile.mkdtemp(prefix="palmyra-prom-"))
         cfg_path = self.workdir / "prometheus.yml"
         # JSON is valid YAML: no YAML library needed here.
@@ -139,7 +139,7 @@ class LocalPrometheus:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> "LocalPrometheus":
+    def __enter__(self) -> LocalPrometheus:
         return self.start()
 
     def __exit__(self, *exc) -> None:

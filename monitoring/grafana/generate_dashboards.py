@@ -178,8 +178,8 @@ def dashboard(uid: str, title: str, variables: list[dict], rows: list[tuple[str,
                 x, y, row_h = 0, y + row_h, 0
             p["gridPos"] = {"x": x, "y": y, "w": w, "h": h}
             p["id"] = pid
-            for ref, t in zip("ABCDEFGH", p["targets"]):
-                t["refId"] = ref
+            for i, t in enumerate(p["targets"]):
+                t["refId"] = chr(ord("A") + i)  # every query its own letter, however many a panel has
             panels.append(p)
             pid, x, row_h = pid + 1, x + w, max(row_h, h)
         y += row_h
@@ -241,7 +241,8 @@ def service() -> dict:
                         "Engine live",
                         [target(f"palmyra_engine_live{{{s}}}", "{{instance}}")],
                         kind="state-timeline",
-                        desc="The sidecar's judgement of its engine (/health): 0 = dead or hung past the liveness budget.",
+                        desc="The sidecar's judgement of its engine (/health): "
+                        "0 = dead or hung past the liveness budget.",
                         mappings=bool_map("live", "dead/hung"),
                     ),
                     panel(
@@ -323,11 +324,13 @@ def service() -> dict:
                         "Error ratio",
                         [
                             target(
-                                f"sum({rate('palmyra_requests_total', s5xx)}) / sum({rate('palmyra_requests_total', s)})",
+                                f"sum({rate('palmyra_requests_total', s5xx)})"
+                                f" / sum({rate('palmyra_requests_total', s)})",
                                 "5xx",
                             ),
                             target(
-                                f"sum({rate('palmyra_requests_total', s4xx)}) / sum({rate('palmyra_requests_total', s)})",
+                                f"sum({rate('palmyra_requests_total', s4xx)})"
+                                f" / sum({rate('palmyra_requests_total', s)})",
                                 "4xx",
                             ),
                         ],
@@ -383,7 +386,8 @@ def service() -> dict:
                         "TTFT p99 / SLO",
                         [
                             target(
-                                f"histogram_quantile(0.99, sum by (le) ({rate('palmyra_time_to_first_token_seconds_bucket', llm)}))"
+                                "histogram_quantile(0.99, sum by (le) ("
+                                f"{rate('palmyra_time_to_first_token_seconds_bucket', llm)}))"
                                 " / $ttft_slo",
                                 "p99 / SLO",
                             )
@@ -397,7 +401,8 @@ def service() -> dict:
                         "ITL p99 / SLO",
                         [
                             target(
-                                f"histogram_quantile(0.99, sum by (le) ({rate('palmyra_inter_token_latency_seconds_bucket', llm)}))"
+                                "histogram_quantile(0.99, sum by (le) ("
+                                f"{rate('palmyra_inter_token_latency_seconds_bucket', llm)}))"
                                 " / $itl_slo",
                                 "p99 / SLO",
                             )
@@ -479,7 +484,8 @@ def engine() -> dict:
                             )
                         ],
                         unit="percentunit",
-                        desc="vllm:kv_cache_usage_perc; older vLLM (Ascend 0.18 line) calls it vllm:gpu_cache_usage_perc.",
+                        desc="vllm:kv_cache_usage_perc; "
+                        "older vLLM (Ascend 0.18 line) calls it vllm:gpu_cache_usage_perc.",
                     ),
                     panel(
                         "Preemptions",
@@ -491,7 +497,8 @@ def engine() -> dict:
                         "Prefix-cache hit ratio",
                         [
                             target(
-                                f"{by_inst('vllm:prefix_cache_hits_total')} / {by_inst('vllm:prefix_cache_queries_total')}",
+                                f"{by_inst('vllm:prefix_cache_hits_total')}"
+                                f" / {by_inst('vllm:prefix_cache_queries_total')}",
                                 "{{instance}}",
                             )
                         ],
@@ -526,7 +533,8 @@ def engine() -> dict:
                         "Inter-token latency",
                         [
                             target(
-                                f"histogram_quantile({q}, sum by (le) ({rate('vllm:inter_token_latency_seconds_bucket')}"
+                                f"histogram_quantile({q}, sum by (le) ("
+                                f"{rate('vllm:inter_token_latency_seconds_bucket')}"
                                 f" or {rate('vllm:time_per_output_token_seconds_bucket')}))",
                                 f"p{int(q * 100)}",
                             )

@@ -76,7 +76,7 @@ def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine
         refused = [r for r in results if r[0] == 429]
         assert len(ok) + len(refused) == len(results), [r[0] for r in results]
         assert 2 <= len(ok) < len(results) and refused, "some served, the excess refused"
-        for status, took, headers, text in refused:
+        for status, _took, headers, text in refused:
             err = assert_openai_error(httpx.Response(status, headers=headers, text=text), 429)
             assert err["code"] in ("slo_unreachable", "queue_timeout"), err
             assert int(headers["retry-after"]) >= 1

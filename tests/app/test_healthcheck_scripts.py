@@ -40,7 +40,7 @@ class Endpoints:
 class _Handler(BaseHTTPRequestHandler):
     stop: threading.Event  # set by the fixture at teardown so stalled handlers end early
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # `format` as the stdlib names it
         pass  # keep pytest's output clean
 
     def _json(self, status: int, doc: dict) -> None:
@@ -51,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:  # http.server's name
         if self.path == "/health":
             self._json(200, {"status": "ok", "detail": None, "ready": True})
         elif self.path == "/ready":

@@ -104,9 +104,17 @@ for var in DIR_VARS; do
   d=${!var:-}
   [ -n "$d" ] || continue
   # As the process that uses it would: create it when missing, then write into it.
-  if mkdir -p "$d" 2>/dev/null && touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then echo "writable: $var=$d"; else echo "NOT writable: $var=$d"; fi
+  if mkdir -p "$d" 2>/dev/null && touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then
+    echo "writable: $var=$d"
+  else
+    echo "NOT writable: $var=$d"
+  fi
 done
-if touch /tmp/.probe 2>/dev/null && rm /tmp/.probe; then echo "writable: tmpfs=/tmp"; else echo "NOT writable: tmpfs=/tmp"; fi
+if touch /tmp/.probe 2>/dev/null && rm /tmp/.probe; then
+  echo "writable: tmpfs=/tmp"
+else
+  echo "NOT writable: tmpfs=/tmp"
+fi
 echo "root: $(awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1)"
 echo "command: $("$@")"
 """

@@ -167,7 +167,8 @@ def patch_for_podman(kept: list[dict], model_root: Path, version: tuple[int, ...
         ctr["imagePullPolicy"] = "Never"
         if ctr.pop("ports", None):
             notes.append(
-                f"{ctr['name']}: ports list dropped (podman 4.3 turns it into port mappings, refused with host networking)"
+                f"{ctr['name']}: ports list dropped "
+                "(podman 4.3 turns it into port mappings, refused with host networking)"
             )
         for mount in ctr.get("volumeMounts", []):
             mount["name"] = VOLUME_PREFIX + mount["name"]

@@ -97,7 +97,7 @@ LONG_PROMPT = (
 def drive_traffic(client: httpx.Client, dead: httpx.Client) -> list[tuple[str, int]]:
     """One wave of every kind of request the dashboards chart. Returns (what, status) pairs."""
     seen = []
-    for i in range(3):
+    for _ in range(3):
         r = client.post(
             "/v1/completions", json={"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0}
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
+from typing import Any
 
 import pytest
 import schemathesis
@@ -46,34 +47,47 @@ def fuzz(base_url: str, max_examples: int) -> tuple[collections.Counter, list[st
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in GenerationMode:
-
-            @settings(
-                max_examples=max_examples,
-                deadline=None,
-                database=None,
-                derandomize=True,
-                suppress_health_check=list(HealthCheck),
-                phases=[Phase.explicit, Phase.generate],
-            )
-            @given(case=operation.as_strategy(generation_mode=mode))
-            def run(case: schemathesis.Case) -> None:
-                bound_cost(case.body)
-                try:
-                    resp = case.call(base_url=base_url, timeout=CASE_TIMEOUT_S)
-                except Exception as exc:  # a hang or a dropped connection is a failure, not a crash of the test
-                    failures.append(f"{operation.label} [{mode.value}] {type(exc).__name__}: {case.body!r:.200}")
-                    return
-                seen[(operation.label, resp.status_code)] += 1
-                if resp.status_code >= 500:
-                    failures.append(
-                        f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} -> {resp.text[:200]}"
-                    )
-
-            try:
-                run()
-            except Unsatisfiable:
-                pass  # no invalid input exists for an operation without parameters
+            _fuzz_one(base_url, operation, mode, max_examples, seen, failures)
     return seen, failures, time.monotonic() - t0
+
+
+def _fuzz_one(
+    base_url: str,
+    operation: Any,
+    mode: GenerationMode,
+    max_examples: int,
+    seen: collections.Counter,
+    failures: list[str],
+) -> None:
+    """One operation in one generation mode. A function of its own so that the test hypothesis
+    builds closes over this call's operation and mode, not over the caller's loop variables."""
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: schemathesis.Case) -> None:
+        bound_cost(case.body)
+        try:
+            resp = case.call(base_url=base_url, timeout=CASE_TIMEOUT_S)
+        except Exception as exc:  # a hang or a dropped connection is a failure, not a crash of the test
+            failures.append(f"{operation.label} [{mode.value}] {type(exc).__name__}: {case.body!r:.200}")
+            return
+        seen[(operation.label, resp.status_code)] += 1
+        if resp.status_code >= 500:
+            failures.append(
+                f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} -> {resp.text[:200]}"
+            )
+
+    try:
+        run()
+    except Unsatisfiable:
+        pass  # no invalid input exists for an operation without parameters
 
 
 def check(sidecar_server, engine_server, max_examples: int, label: str) -> None:

@@ -132,7 +132,7 @@ backend replicas
         """The backend's servers as HAProxy sees them: status (UP, DOWN, ...), stot (requests sent)."""
         lines = [ln for ln in self.command("show stat -1 4 -1").splitlines() if ln.strip()]
         header = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(header, ln.split(","))) for ln in lines[1:]]
+        rows = [dict(zip(header, ln.split(","), strict=True)) for ln in lines[1:]]
         return {r["svname"]: r for r in rows if r["pxname"] == "replicas"}
 
     def attach(self, slot: str, port: int) -> None:

@@ -240,7 +240,8 @@ def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...], tuple[tup
             assert "Requires-Dist" not in meta.get("Dynamic", []), f"{req}: dependencies computed at build time"
             base = [r for r in meta.get("Requires-Dist", []) if "extra ==" not in r]
             notes.append(
-                f"{req}: source distribution only on the index; its static metadata declares {base or 'no dependencies'}"
+                f"{req}: source distribution only on the index; "
+                f"its static metadata declares {base or 'no dependencies'}"
             )
             resolved_ascend += base
             continue
@@ -336,7 +337,8 @@ def upstream_set(arch: str) -> Resolution:
         overrides = [torch_pin]
         notes.append(
             f"x86_64: torch-npu pins a +cpu torch from PyTorch's CPU index, unreachable here; resolved with "
-            f"the override {torch_pin} (the index's build of that release; its nvidia-*/triton are not in upstream's image)"
+            f"the override {torch_pin} "
+            "(the index's build of that release; its nvidia-*/triton are not in upstream's image)"
         )
     versions = compile_set(arch, list(requirements), overrides=overrides, extra_index=extra)
     notes.append(
@@ -347,7 +349,8 @@ def upstream_set(arch: str) -> Resolution:
     wheels = [f for f in files_of("vllm-ascend", from_source["vllm-ascend"]) if f.endswith(".whl")]
     has = any("cp311-cp311-" in f and f.endswith(f"_{arch}.whl") for f in wheels)
     notes.append(
-        f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; upstream's image builds it from source anyway"
+        f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; "
+        "upstream's image builds it from source anyway"
     )
     return Resolution(arch, versions, notes, list(requirements), from_source)
 

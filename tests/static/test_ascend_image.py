@@ -229,7 +229,10 @@ for key, argv in json.loads(sys.argv[1]).items():
     try:
         args = parser.parse_args(argv)
         cc = args.compilation_config
-        sizes = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else getattr(cc, "cudagraph_capture_sizes", None)
+        if isinstance(cc, dict):
+            sizes = cc.get("cudagraph_capture_sizes")
+        else:
+            sizes = getattr(cc, "cudagraph_capture_sizes", None)
         results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
                         "eager": args.enforce_eager, "capture_sizes": sizes}
     except SystemExit as exc:

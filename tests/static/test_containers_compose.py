@@ -81,7 +81,7 @@ def _drop_resets(value: Any) -> Any:
 
 
 def load(path: Path) -> dict[str, Any]:
-    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # noqa: S506 - SafeLoader subclass
+    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # a SafeLoader subclass
 
 
 @pytest.fixture(scope="module")

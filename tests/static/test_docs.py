@@ -188,7 +188,7 @@ PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
 
 def files_mentioning_variables() -> list[Path]:
-    files = markdown_files() + [REPO / "docker-compose.yml", REPO / "Dockerfile"]
+    files = [*markdown_files(), REPO / "docker-compose.yml", REPO / "Dockerfile"]
     files += sorted((REPO / "k8s").rglob("*.yaml")) + sorted((REPO / "compose").glob("*.env"))
     files += sorted((REPO / "compose").glob("*.yml"))
     return [f for f in files if f.is_file()]

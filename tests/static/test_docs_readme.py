@@ -296,7 +296,7 @@ class Checker:
                 step = 1
             i += step
         if i >= len(args):
-            return problems + ["docker compose: no subcommand"]
+            return [*problems, "docker compose: no subcommand"]
         sub, rest = args[i], args[i + 1 :]
         known = {
             "up",
@@ -324,7 +324,7 @@ class Checker:
             "watch",
         }
         if sub not in known:
-            return problems + [f"docker compose: no subcommand {sub!r}"]
+            return [*problems, f"docker compose: no subcommand {sub!r}"]
         if sub in ("exec", "run"):
             positional = [a for a in rest if not a.startswith("-")][:1]
         elif sub in ("port", "config"):
@@ -378,9 +378,13 @@ class Checker:
                 if deployment not in self.deployments:
                     problems.append(f"kubectl: no Deployment {deployment!r} (have {sorted(self.deployments)})")
         for i, arg in enumerate(args):
-            if arg in ("-c", "--container") and i + 1 < len(args) and deployment in self.deployments:
-                if args[i + 1] not in self.deployments[deployment]:
-                    problems.append(f"kubectl: Deployment {deployment} has no container {args[i + 1]!r}")
+            if (
+                arg in ("-c", "--container")
+                and i + 1 < len(args)
+                and deployment in self.deployments
+                and args[i + 1] not in self.deployments[deployment]
+            ):
+                problems.append(f"kubectl: Deployment {deployment} has no container {args[i + 1]!r}")
         return problems
 
 
@@ -432,7 +436,8 @@ def test_extraction_handles_prompts_continuations_and_pipes():
     md = (
         '```sh\n$ curl -s http://127.0.0.1:8080/ready \\\n    | python3 -m json.tool\n{"ready": true}\n```\n'
         "```text\ncurl http://nope\n```\n"
-        "```bash\nPALMYRA_LONG=1 ./test.sh unit  # comment\nkubectl kustomize k8s/overlays/cpu | kubectl apply -f -\n```\n"
+        "```bash\nPALMYRA_LONG=1 ./test.sh unit  # comment\n"
+        "kubectl kustomize k8s/overlays/cpu | kubectl apply -f -\n```\n"
     )
     lines = shell_lines(md)
     assert [" ".join(line.split()) for line in lines] == [

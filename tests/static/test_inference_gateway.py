@@ -248,7 +248,7 @@ def route_cel_errors(route: dict) -> list[str]:
         for p in spec.get("parentRefs", [])
     ]
     for parent in set(parents):
-        same = [p for p, key in zip(spec["parentRefs"], parents) if key == parent]
+        same = [p for p, key in zip(spec["parentRefs"], parents, strict=True) if key == parent]
         if len(same) > 1 and not all(p.get("sectionName") or p.get("port") for p in same):
             errors.append("parentRefs: sectionName must be specified for 2 or more references to the same parent")
     rules = spec.get("rules", [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}])

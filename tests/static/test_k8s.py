@@ -93,7 +93,7 @@ def _kustomize(path: Path) -> tuple[dict, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(overlay: str, components: tuple[str, ...]) -> tuple[dict, ...]:
     target = K8S / "overlays" / overlay
     if not components:

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import yaml
-from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, container, one, pod_spec, render, sidecar_listens
+from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
@@ -60,7 +60,7 @@ def test_rendered_prometheusrule_groups_equal_the_rules_file(overlay):
     rendered = one(render(overlay), "PrometheusRule")["spec"]["groups"]
     expected = _rules()["groups"]
     assert [g["name"] for g in rendered] == [g["name"] for g in expected]
-    for got, want in zip(rendered, expected):
+    for got, want in zip(rendered, expected, strict=True):
         assert got == want, f"group {want['name']} differs"
 
 

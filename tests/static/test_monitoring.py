@@ -10,6 +10,7 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -306,9 +307,9 @@ def mark_unhealthy(page: str, chip: str) -> str:
 
 
 class _Exporter(BaseHTTPRequestHandler):
-    pages: dict[str, bytes] = {}
+    pages: ClassVar[dict[str, bytes]] = {}  # shared on purpose: the test sets the pages every handler serves
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         body = self.pages.get(self.path)
         self.send_response(200 if body else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4")

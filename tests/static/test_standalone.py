@@ -30,7 +30,7 @@ def _rows() -> dict[str, dict[str, str]]:
     for line in lines[2:]:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert len(cells) == len(header), f"malformed row: {line}"
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
     return rows
 
 

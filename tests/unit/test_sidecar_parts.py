@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import pytest
 
@@ -209,7 +210,7 @@ def test_response_headers_are_an_allow_list_of_what_describes_the_body():
     from palmyra_serve.sidecar.relay.handler import _response_headers
 
     class Resp:
-        raw_headers = [
+        raw_headers: ClassVar[list[tuple[bytes, bytes]]] = [
             (b"Content-Type", b"application/json"),
             (b"Connection", b"keep-alive, X-Hop"),
             (b"x-hop", b"1"),

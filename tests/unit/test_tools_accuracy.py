@@ -23,7 +23,7 @@ class FakeRef:
         return self._std
 
     def top2(self, pos: int) -> tuple[int, float, int, float]:
-        row = sorted(self._logits.get(pos, {}).items(), key=lambda kv: -kv[1]) + [(-1, 0.0), (-2, 0.0)]
+        row = [*sorted(self._logits.get(pos, {}).items(), key=lambda kv: -kv[1]), (-1, 0.0), (-2, 0.0)]
         return row[0][0], row[0][1], row[1][0], row[1][1]
 
 

@@ -144,7 +144,6 @@ def test_missing_model_dir_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_quick_passes_on_a_generating_endpoint(tmp_path: Path, endpoint, capsys) -> None:
-    seen, _ = endpoint
     args = _args(tmp_path, quick=True)
     assert validate.run(args) == 0
     assert "quick check passed" in capsys.readouterr().out
