@@ -2,7 +2,7 @@
 
 Raw ASGI on uvicorn (uvloop + httptools): the cost per request is what a lean Python server pays,
 so the relay's own overhead is what the benchmark shows. Also answers /health and /v1/models so
-the sidecar can warm up in front of it. Run: python fast_engine.py PORT
+the sidecar can warm up in front of it. Run: python -m benchmarks.fast_engine PORT
 """
 
 from __future__ import annotations

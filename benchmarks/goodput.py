@@ -14,13 +14,14 @@ Arrivals stop after `--seconds`; requests still open `--drain-s` later are cance
 goes away, the engine aborts them) and count as unfinished, never good. Their wait so far enters the
 TTFT percentiles as a lower bound (the table marks those percentiles with >=).
 
-    python benchmarks/goodput.py                             # writes benchmarks/results/goodput.{md,json,png}
-    python benchmarks/goodput.py --seconds 5 --rates 1,2     # a short smoke run
-    python benchmarks/goodput.py --name goodput-baseline     # another file name
-    python benchmarks/goodput.py --nginx                     # a third target: nginx in front of the engine,
+    python -m benchmarks.goodput                             # writes benchmarks/results/goodput.{md,json,png}
+    python -m benchmarks.goodput --seconds 5 --rates 1,2     # a short smoke run
+    python -m benchmarks.goodput --name goodput-baseline     # another file name
+    python -m benchmarks.goodput --nginx                     # a third target: nginx in front of the engine,
                                                              # what a bare relay hop costs on this machine
 
-Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python benchmarks/goodput.py`.
+Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python -m benchmarks.goodput`,
+from the repository root (the test helpers it runs the processes with import as `tests.helpers`).
 """
 
 from __future__ import annotations
@@ -42,13 +43,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from palmyra_serve.tools.stats import percentile
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-for extra in (REPO / "service", REPO / "tests"):  # this tree's package and test helpers first
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
-from palmyra_serve.tools.stats import percentile
 
 SCHEMA = "palmyra-goodput/1"
 MODEL = "palmyra-mini"
@@ -452,7 +450,7 @@ class LimitWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        from helpers import procs
+        from tests.helpers import procs
 
         while not self._stop.wait(0.5):
             try:
@@ -488,7 +486,7 @@ class LimitWatch:
 
 def engine_idle(engine_url: str, timeout_s: float) -> None:
     """Wait until the engine runs and queues nothing, so one rate's backlog does not bill the next."""
-    from helpers import procs
+    from tests.helpers import procs
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -510,9 +508,8 @@ def _nginx_relay(wanted: bool, engine_port: int, log_dir: Path) -> Iterator[str 
     if not wanted:
         yield None
         return
-    from relay import start_nginx
-
-    from helpers import procs
+    from benchmarks.relay import start_nginx
+    from tests.helpers import procs
 
     port = procs.free_port()
     proc = start_nginx(log_dir / "nginx", engine_port, port)
@@ -524,8 +521,8 @@ def _nginx_relay(wanted: bool, engine_port: int, log_dir: Path) -> Iterator[str 
 
 
 def run(args: argparse.Namespace) -> dict:
-    from helpers import procs
-    from helpers.models import stand_in_model
+    from tests.helpers import procs
+    from tests.helpers.models import stand_in_model
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of open streams at 4x

@@ -10,8 +10,9 @@ Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through ngi
 sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first
 request after /ready against the steady-state p50 (warmup must have removed the cold start).
 
-    python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
-    python benchmarks/relay.py --workload A    # only the fake-engine relay
+    python -m benchmarks.relay                 # both workloads, writes benchmarks/results/relay.{md,json}
+    python -m benchmarks.relay --workload A    # only the fake-engine relay
+From the repository root (the test helpers it runs the processes with import as `tests.helpers`).
 Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH.
 """
 
@@ -30,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import procs  # the test helpers start and stop the real processes
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
 
 API_KEY = "bench-key"
 BODY = json.dumps({"model": "palmyra-mini", "prompt": "hi", "max_tokens": 64, "stream": True})
@@ -274,7 +275,7 @@ async def stream_tokens(
 
 
 def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
-    from helpers.models import stand_in_model
+    from tests.helpers.models import stand_in_model
 
     model = stand_in_model("tiny")
     results: dict = {"streams": {}, "cold_start": {}}

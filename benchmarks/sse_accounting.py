@@ -6,20 +6,19 @@ usage key (wrong on split markers, text containing the marker, n>1 and split usa
 "after" is SseAccount.feed on the same reads. Both are timed per read (the unit the relay handles),
 in CPU time of this process (the machine may be shared), the median of 7 runs of 2000 rounds.
 
-    python benchmarks/sse_accounting.py        # prints a table; nothing is written
+    python -m benchmarks.sse_accounting        # from the repository root; prints a table, writes nothing
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "service"))
 from palmyra_serve.sidecar.relay.sse import SseAccount
+
+HERE = Path(__file__).resolve().parent
 
 RECORDED = HERE.parent / "tests" / "unit" / "data" / "vllm-sse.json"
 ROUNDS = 2000

@@ -27,13 +27,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "service"))  # works from a checkout even before `pip install -e .`
+from palmyra_serve.cli import build_parser
+from palmyra_serve.engine.launcher import PLATFORMS, build_command
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics
 
-from palmyra_serve.cli import build_parser  # noqa: E402
-from palmyra_serve.engine.launcher import PLATFORMS, build_command  # noqa: E402
-from palmyra_serve.settings import Settings  # noqa: E402
-from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers import procs
-from helpers.procs import fake_engine
+from tests.helpers import procs
+from tests.helpers.procs import fake_engine
 
 # Short intervals so transitions happen in seconds, not the production defaults' minutes.
 FAST = {

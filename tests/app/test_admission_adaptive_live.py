@@ -15,10 +15,10 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.api import metric_value as sample
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.load import ClosedLoop
+from tests.helpers.waiting import wait_until
 
 
 def set_latency(client: httpx.Client, engine_url: str, first_s: float, token_s: float) -> None:

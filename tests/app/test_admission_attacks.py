@@ -18,10 +18,10 @@ import time
 
 import httpx
 
-from helpers.api import completion
-from helpers.api import metric_value as sample
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers.api import completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.load import ClosedLoop
+from tests.helpers.waiting import wait_until
 
 LIMIT = "palmyra_concurrency_limit"
 FAULTS = "palmyra_admission_faults_total"

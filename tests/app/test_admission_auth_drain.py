@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.waiting import wait_until
 
 
 def gauge(client: httpx.Client, url: str, name: str) -> float:

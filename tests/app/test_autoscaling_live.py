@@ -24,9 +24,9 @@ import httpx
 import pytest
 import yaml
 
-from helpers import procs
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.load import ClosedLoop
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 4  # PALMYRA_MAX_IN_FLIGHT of the sidecar under test

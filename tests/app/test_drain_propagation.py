@@ -11,8 +11,8 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.waiting import wait_until
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.waiting import wait_until
 
 PROPAGATION_S = 2.0
 

@@ -20,10 +20,10 @@ import time
 import httpx
 import pytest
 
-from helpers.api import completion
-from helpers.edge import MIB, RssPeak, busy_connection, counter, header_of, read_response, rejections, status_of
-from helpers.waiting import wait_until
 from palmyra_serve.sidecar.upstream.metrics_page import MAX_AGE_S, PAGE_COPIES, READ_GRACE_S
+from tests.helpers.api import completion
+from tests.helpers.edge import MIB, RssPeak, busy_connection, counter, header_of, read_response, rejections, status_of
+from tests.helpers.waiting import wait_until
 
 KEY = "sk-edge-bypass-key-0123456789abcdef"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion
-from helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
+from tests.helpers.waiting import wait_until
 
 # warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
 ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}

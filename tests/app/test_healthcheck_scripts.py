@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
+from tests.helpers import procs
 
 PROBE = Path(__file__).resolve().parents[2] / "healthchecks" / "http_probe.py"
 SLOW_S = 6.0  # how long the slow routes stall: well past every timeout used below

@@ -6,9 +6,9 @@ import json
 import socket
 import time
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion, raw_json_post
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion, raw_json_post
+from tests.helpers.waiting import wait_until
 
 
 def test_non_streaming_completion_is_relayed_with_request_id(sidecar, engine, client):

@@ -19,10 +19,10 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.api import metric_value as sample
-from helpers.fake_engine import LEAKED_SECRET
-from helpers.waiting import wait_until
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.fake_engine import LEAKED_SECRET
+from tests.helpers.waiting import wait_until
 
 KEY = "hygiene-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

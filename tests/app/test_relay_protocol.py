@@ -10,10 +10,10 @@ import re
 import socket
 import time
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion, raw_json_post
-from helpers.fake_engine import METRICS_PAGE, METRICS_TYPE, USAGE_TRICKY
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion, raw_json_post
+from tests.helpers.fake_engine import METRICS_PAGE, METRICS_TYPE, USAGE_TRICKY
+from tests.helpers.waiting import wait_until
 
 
 def metric(text: str, series: str) -> float:
@@ -28,7 +28,7 @@ def access_entries(server: procs.Server, request_id: str) -> list[dict]:
 
 
 def test_a_stream_split_everywhere_is_counted_exactly_and_relayed_unchanged(sidecar, client):
-    from helpers.fake_engine import _tricky_stream
+    from tests.helpers.fake_engine import _tricky_stream
 
     with client.stream(
         "POST", f"{sidecar.url}/v1/completions", json=completion("fake:tricky-sse", n=2, stream=True)

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size, run_logged
+
+from tests.container.podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size, run_logged
 
 REPORT = Path(os.environ.get("PALMYRA_CONTAINER_REPORT", "/tmp/palmyra-container-report.json"))
 _SUMMARY: list[str] = []

@@ -19,17 +19,15 @@ Heavy: run under the machine-wide lock (flock /tmp/palmyra-heavy.lock ...).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from podman_helpers import PODMAN_DIR, REPO, podman, run_logged
+
+from tests.container.podman_helpers import PODMAN_DIR, podman, run_logged
+from tests.static import ascend_command as cmd
+from tests.static import ascend_upstream as up
 
 pytestmark = pytest.mark.container
-
-sys.path.insert(0, str(REPO / "tests" / "static"))
-import ascend_command as cmd
-import ascend_upstream as up
 
 STAND_IN = "localhost/palmyra-stand-in/vllm-ascend:v0.18.0"
 IMAGE = "localhost/ascend-image-rehearsal/engine-ascend:stand-in"
@@ -222,11 +220,11 @@ def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image
 def deployed(where: str) -> tuple[dict[str, str], tuple[int, ...]]:
     """The engine's environment and added groups as Compose and the k8s overlay deploy them."""
     if where == "compose":
-        from test_ascend_deploy import compose_config
+        from tests.static.test_ascend_deploy import compose_config
 
         engine = compose_config(HWHIAIUSER_GID=str(NODE_GID))["engine"]
         return {k: str(v) for k, v in engine["environment"].items()}, tuple(int(g) for g in engine["group_add"])
-    from test_k8s import config_data, container, pod_spec, render
+    from tests.static.test_k8s import config_data, container, pod_spec, render
 
     objects = render("ascend-hami")
     spec = pod_spec(objects)

@@ -19,7 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podman_helpers import REPO, BuiltImages, completion, env_with, http, podman, port_is_free, wait_ready
+
+from tests.container.podman_helpers import (
+    REPO,
+    BuiltImages,
+    completion,
+    env_with,
+    http,
+    podman,
+    port_is_free,
+    wait_ready,
+)
 
 PROJECT = "palmyra-ct"
 ENGINE_PORT, SIDECAR_PORT = 18000, 18080

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podman_helpers import (
+
+from tests.container.podman_helpers import (
     PODMAN_DIR,
     PROBE,
     BuiltImages,
@@ -23,8 +24,7 @@ from podman_helpers import (
     probe_cmd,
     wait_ready,
 )
-
-from helpers.procs import free_port
+from tests.helpers.procs import free_port
 
 ENGINE_KEY = "container-test-engine-key"
 READY_TIMEOUT_S = 900  # engine start (compile) on 2 cores, then warmup

@@ -65,8 +65,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
-from test_compose_up import listening_addresses
+
+from tests.container.podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
+from tests.container.test_compose_up import listening_addresses
 
 OVERLAY = REPO / "k8s" / "overlays" / "cpu"
 DEPLOYMENT = "palmyra-serve"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
+from tests.helpers import procs
 
 
 @pytest.fixture(scope="session")

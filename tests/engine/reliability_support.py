@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-from helpers.api import HTTP, completion, plain_client
+from tests.helpers.api import HTTP, completion, plain_client
 
 # Short intervals so transitions happen in seconds (the production defaults are minutes). The
 # warmup timeout stays generous: the real engine compiles shapes on its first requests.

@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from reliability_support import FAST, engine_gauge, figure, sidecar_metric
 
-from helpers import procs
-from helpers.api import MODEL, completion, plain_client
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import FAST, engine_gauge, figure, sidecar_metric
+from tests.helpers import procs
+from tests.helpers.api import MODEL, completion, plain_client
+from tests.helpers.waiting import wait_until
 
 ENGINE_MAX_MODEL_LEN = 2048  # procs.engine's
 

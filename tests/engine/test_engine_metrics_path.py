@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from reliability_support import figure, long_stream
 
-from helpers.api import HTTP, plain_client
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import figure, long_stream
+from tests.helpers.api import HTTP, plain_client
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PICKER_CONFIG = REPO / "k8s" / "components" / "inference-gateway" / "picker-config.yaml"

@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 
-from helpers import procs
-from helpers.api import MODEL, plain_client
-from helpers.modules import load_module
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import MODEL, plain_client
+from tests.helpers.modules import load_module
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, figure
 
-from helpers import procs
-from helpers.api import completion, plain_client
+from tests.engine.reliability_support import FAST, figure
+from tests.helpers import procs
+from tests.helpers.api import completion, plain_client
 
 KEY_A = "sk-palmyra-" + secrets.token_hex(16)
 KEY_B = "sk-palmyra-" + secrets.token_hex(16)

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, figure, generate_ok
 
-from helpers import procs
-from helpers.api import HTTP, MODEL, completion
+from tests.engine.reliability_support import FAST, figure, generate_ok
+from tests.helpers import procs
+from tests.helpers.api import HTTP, MODEL, completion
 
 BODY_LIMIT = 64 * 1024
 READ_TIMEOUT_S = 2.0

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from reliability_support import (
+
+from tests.engine.reliability_support import (
     FAST,
     engine_gauge,
     figure,
@@ -21,9 +22,8 @@ from reliability_support import (
     start_streams,
     usage,
 )
-
-from helpers import procs
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.waiting import wait_until
 
 STREAMS, ROUNDS = 16, 3
 CUT_AFTER = 5  # events

@@ -7,11 +7,10 @@ from __future__ import annotations
 import signal
 import time
 
-from reliability_support import FAST, figure, long_stream, start_streams
-
-from helpers import procs
-from helpers.api import HTTP
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import FAST, figure, long_stream, start_streams
+from tests.helpers import procs
+from tests.helpers.api import HTTP
+from tests.helpers.waiting import wait_until
 
 STREAMS = 6
 # 2000 tokens: 13 s for 6 streams at this engine's fastest (6.4 ms a token), so all are still

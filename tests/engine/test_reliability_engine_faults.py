@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from reliability_support import (
+
+from tests.engine.reliability_support import (
     FAST,
     TransitionWatcher,
     engine_core,
@@ -25,11 +26,10 @@ from reliability_support import (
     ready,
     start_streams,
 )
-
-from helpers import procs
-from helpers.api import HTTP, completion
-from helpers.procs import signal_session
-from helpers.waiting import seconds_until, wait_until
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion
+from tests.helpers.procs import signal_session
+from tests.helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])
 LIVENESS_BUDGET_S = float(FAST["PALMYRA_LIVENESS_BUDGET_S"])

@@ -18,10 +18,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from reliability_support import figure, generate_ok
 from schemathesis import GenerationMode
 
-from helpers.api import HTTP
+from tests.engine.reliability_support import figure, generate_ok
+from tests.helpers.api import HTTP
 
 CASE_TIMEOUT_S = 30.0
 TOKEN_CAP, N_CAP = 16, 2

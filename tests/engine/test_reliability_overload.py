@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, access_durations_s, figure, generate_ok, percentile, sidecar_metric
 
-from helpers import procs
-from helpers.api import HTTP, completion
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import FAST, access_durations_s, figure, generate_ok, percentile, sidecar_metric
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion
+from tests.helpers.waiting import wait_until
 
 MAX_IN_FLIGHT, MAX_QUEUE = 4, 4
 BURST, WAVES = 48, 3

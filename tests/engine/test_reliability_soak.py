@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
 
-from helpers import procs
-from helpers.api import MODEL, completion, plain_client
+from tests.engine.reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
+from tests.helpers import procs
+from tests.helpers.api import MODEL, completion, plain_client
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4

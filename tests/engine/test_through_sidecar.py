@@ -10,10 +10,10 @@ import time
 
 import openai
 import pytest
-from reliability_support import engine_gauge
 
-from helpers.api import HTTP, raw_json_post
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import engine_gauge
+from tests.helpers.api import HTTP, raw_json_post
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

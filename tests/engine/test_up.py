@@ -8,9 +8,9 @@ import signal
 
 import psutil
 
-from helpers import procs
-from helpers.api import HTTP
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import HTTP
+from tests.helpers.waiting import wait_until
 
 
 def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_model_dir, log_dir):

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from helpers import procs
-from helpers.api import HTTP, completion, plain_client
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion, plain_client
+from tests.helpers.waiting import wait_until
 
 # vLLM names its processes: the engine core and the workers by process title (/proc/<pid>/comm
 # keeps 15 characters of it), the API server by its module on the command line.

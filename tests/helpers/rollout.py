@@ -20,7 +20,8 @@ HAProxy routes to it, SIGTERM one old replica, wait for it to exit, repeat. A st
 runs throughout; every request is counted as ok, failed (not 200, or no response) or cut (200 but
 the SSE stream ended without `[DONE]`).
 
-Run it by hand for a table:  python tests/helpers/rollout.py --propagation 5 0 --runs 3
+Run it by hand for a table, from the repository root:
+    python -m tests.helpers.rollout --propagation 5 0 --runs 3
 """
 
 from __future__ import annotations
@@ -39,11 +40,8 @@ from pathlib import Path
 
 import httpx
 
-if __package__ in (None, ""):  # run as a script: make `helpers` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from helpers import procs
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.waiting import wait_until
 
 PARKED_PORT = 1  # nothing listens there: a parked slot fails its checks and gets no traffic
 # Short sidecar intervals so a replica is ready in seconds (the fake engine answers at once).

@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from helpers.models import TEST_CACHE as CACHE
+from tests.helpers.models import TEST_CACHE as CACHE
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = json.loads((Path(__file__).with_name("ascend_upstream_v0.18.0.json")).read_text())

@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ascend_command import image_env
-from test_k8s import ASCEND, container, pod_spec, render
+
+from tests.static.ascend_command import image_env
+from tests.static.test_k8s import ASCEND, container, pod_spec, render
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "ascend-deploy"

@@ -25,14 +25,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ascend_command as cmd
-import ascend_upstream as up
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+
+from tests.static import ascend_command as cmd
+from tests.static import ascend_upstream as up
 
 pytestmark = pytest.mark.static
 

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_k8s import K8S_VERSIONS, REPO, crd_validators, one, render  # noqa: F401  (crd_validators: fixture)
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from tests.static.test_k8s import K8S_VERSIONS, REPO, crd_validators, one, render  # noqa: F401  (crd_validators: fixture)
 
 KEDA = ("cpu", ("components/autoscaling-keda",))
 # A selector in PromQL: a metric name followed by its label braces.

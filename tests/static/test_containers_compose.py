@@ -19,11 +19,11 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from test_containers import ENGINE_CMD, parse_dockerfile
 
-from helpers import deployed
-from helpers.deployed import flag_value, loopback
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+from tests.helpers import deployed
+from tests.helpers.deployed import flag_value, loopback
+from tests.static.test_containers import ENGINE_CMD, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

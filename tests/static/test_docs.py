@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.markdown import github_slug
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from tests.helpers.markdown import github_slug
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_k8s import (
+
+from tests.static.test_k8s import (
     K8S,
     REPO,
     assert_valid,

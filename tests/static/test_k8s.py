@@ -24,10 +24,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from helpers import deployed
-from helpers.deployed import flag_value, loopback
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+from tests.helpers import deployed
+from tests.helpers.deployed import flag_value, loopback
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"

@@ -13,7 +13,8 @@ import re
 
 import pytest
 import yaml
-from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
+
+from tests.static.test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"

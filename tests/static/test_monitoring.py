@@ -15,9 +15,9 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from helpers.markdown import github_slug
-from helpers.modules import load_module
-from helpers.waiting import wait_until
+from tests.helpers.markdown import github_slug
+from tests.helpers.modules import load_module
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"

@@ -10,10 +10,11 @@ import re
 from pathlib import PurePosixPath
 
 import pytest
-from test_autoscaling import hpa, scaledobject
-from test_containers import parse_dockerfile
-from test_containers_compose import COMPOSE, env_of, load, volume_targets
-from test_k8s import OVERLAYS, REPO, container, pod_spec, render
+
+from tests.static.test_autoscaling import hpa, scaledobject
+from tests.static.test_containers import parse_dockerfile
+from tests.static.test_containers_compose import COMPOSE, env_of, load, volume_targets
+from tests.static.test_k8s import OVERLAYS, REPO, container, pod_spec, render
 
 # What a restart reuses (benchmarks/results/startup.md): vLLM's cache (model info; its AOT compile
 # cache where that loads back), inductor's compiled kernels, Triton's, and the temp directory,

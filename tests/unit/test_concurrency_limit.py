@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers.clock import FakeClock
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -25,6 +24,7 @@ from palmyra_serve.sidecar.admission.limit import (
     Ticket,
     quantile,
 )
+from tests.helpers.clock import FakeClock
 
 TOKENS = 64
 

@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from helpers import deployed
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
 from palmyra_serve.sidecar.edge.protocol import raw_response
@@ -14,6 +13,7 @@ from palmyra_serve.sidecar.observability.metrics import ROUTES
 from palmyra_serve.sidecar.relay.auth import ApiKeys, AuthConfigError, validate_engine_key
 from palmyra_serve.sidecar.relay.cost import CostLimits, as_int, check
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED, ROUTE_LABELS
+from tests.helpers import deployed
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 

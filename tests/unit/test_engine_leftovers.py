@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.waiting import wait_until
 from palmyra_serve import up
 from palmyra_serve.engine import process_tree
+from tests.helpers.waiting import wait_until
 
 # The API server's stand-in. argv: pid file, then what to start and how to end. Children: `group`
 # stays in its process group and session and ignores SIGTERM (like the resource tracker),

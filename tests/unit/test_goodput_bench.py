@@ -3,23 +3,16 @@ table row (goodput, refusals, censored TTFT), the report and the engine's cache 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def goodput():
-    spec = importlib.util.spec_from_file_location("goodput_bench", REPO / "benchmarks" / "goodput.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["goodput_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+def goodput() -> ModuleType:
+    from benchmarks import goodput
+
+    return goodput
 
 
 def ok(g, ttft: float = 0.1, itl: float = 0.02, tokens: int = 64):
