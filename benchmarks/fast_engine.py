@@ -8,6 +8,8 @@ the sidecar can warm up in front of it. Run: python -m benchmarks.fast_engine PO
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvicorn
 
@@ -23,7 +25,12 @@ COMPLETION = (
 )
 
 
-async def app(scope, receive, send):
+Message = dict[str, Any]
+
+
+async def app(
+    scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
+) -> None:
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()

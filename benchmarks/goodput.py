@@ -42,8 +42,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from palmyra_serve.tools.stats import percentile
+
+if TYPE_CHECKING:  # imported where it runs: the arithmetic (and its unit tests) needs no sidecar
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -316,7 +320,7 @@ def body(text: str, max_tokens: int) -> bytes:
     ).encode()
 
 
-async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
+async def one_request(pool: EnginePool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
     """Send one streamed completion and fill `r` as it goes (so a cancelled one keeps what it got).
     The client is the sidecar's own lean pool (C-parsed), the same for both targets."""
     from palmyra_serve.sidecar.upstream.pool import UpstreamError
@@ -443,7 +447,8 @@ class LimitWatch:
     def __init__(self, url: str) -> None:
         import threading
 
-        self.url, self.trace = url, []
+        self.url = url
+        self.trace: list[list[float | None]] = []
         self.t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -85,6 +85,13 @@ def start_nginx(nginx_dir: Path, engine_port: int, port: int) -> subprocess.Pope
     )
 
 
+def _wrk_field(pattern: str, text: str) -> str:
+    m = re.search(pattern, text)
+    if m is None:
+        raise RuntimeError(f"no {pattern!r} in wrk's output:\n{text}")
+    return m.group(1)
+
+
 def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
     out = subprocess.run(
         [
@@ -105,14 +112,14 @@ def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
         timeout=seconds + 60,
     )
     text = out.stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    rps = float(_wrk_field(r"Requests/sec:\s+([\d.]+)", text))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     socket_errors = re.search(r"Socket errors: (.*)", text)
     return {
         "rps": rps,
         "non_2xx": int(errors.group(1)) if errors else 0,
         "socket_errors": socket_errors.group(1) if socket_errors else None,
-        "requests": int(re.search(r"(\d+) requests in", text).group(1)),
+        "requests": int(_wrk_field(r"(\d+) requests in", text)),
     }
 
 
@@ -298,7 +305,7 @@ def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
                     f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
                     flush=True,
                 )
-                targets = (
+                targets: tuple[tuple[str, str, list[tuple[bytes, bytes]]], ...] = (
                     ("direct", engine.url, engine_auth),
                     ("nginx", f"http://127.0.0.1:{nginx_port}", engine_auth),
                     ("sidecar", sidecar.url, []),

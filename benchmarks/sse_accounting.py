@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from palmyra_serve.sidecar.relay.sse import SseAccount
@@ -42,7 +43,7 @@ def after(reads: list[bytes]) -> int:
     return acc.completion_tokens()
 
 
-def ns_per_read(fn, reads: list[bytes]) -> float:
+def ns_per_read(fn: Callable[[list[bytes]], int], reads: list[bytes]) -> float:
     samples = []
     for _ in range(7):
         t0 = time.process_time_ns()  # CPU time: what the relay pays, whatever else runs beside it

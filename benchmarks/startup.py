@@ -94,7 +94,8 @@ class LogStamper(threading.Thread):
 
     def __init__(self, path: Path, t0: float) -> None:
         super().__init__(daemon=True)
-        self.path, self.t0, self.seen, self.stop = path, t0, {}, threading.Event()
+        self.path, self.t0, self.stop = path, t0, threading.Event()
+        self.seen: dict[str, float] = {}
 
     def run(self) -> None:
         while not self.path.exists() and not self.stop.is_set():

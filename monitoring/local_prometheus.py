@@ -142,7 +142,7 @@ class LocalPrometheus:
     def __enter__(self) -> LocalPrometheus:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # --- HTTP API -----------------------------------------------------------------------------
@@ -183,9 +183,11 @@ def main() -> int:
         render_config(base, scrape_targets(args.sidecar, args.npu_exporter), scrape_interval=args.scrape_interval)
     )
     with prom:
+        proc = prom.proc
+        assert proc is not None, "started on entering the with block"
         print(f"prometheus on {prom.url} (Ctrl-C stops it)", flush=True)
         try:
-            while prom.proc.poll() is None:
+            while proc.poll() is None:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass

@@ -26,6 +26,9 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypedDict
+
+from prometheus_client.metrics import MetricWrapperBase
 
 from palmyra_serve.cli import build_parser
 from palmyra_serve.engine.launcher import PLATFORMS, build_command
@@ -253,18 +256,26 @@ def _pairs(argv: list[str]) -> Iterator[list[str]]:
 # --- metrics ----------------------------------------------------------------------------------
 
 
-def _instruments(metrics: SidecarMetrics) -> dict[str, object]:
-    from prometheus_client.metrics import MetricWrapperBase
-
+def _instruments(metrics: SidecarMetrics) -> dict[str, MetricWrapperBase]:
     return {w._name: w for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)}
 
 
-def sidecar_metrics() -> list[dict]:
+class Family(TypedDict):
+    """One metric family as the tables show it."""
+
+    name: str
+    type: str
+    labels: dict[str, list[str]]
+    help: str
+    buckets: list[str]
+
+
+def sidecar_metrics() -> list[Family]:
     metrics = SidecarMetrics()
     metrics.bind_phase(lambda: PHASES[0])  # what HealthState does at start: creates every phase's series
     metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
     wrappers = _instruments(metrics)
-    families = []
+    families: list[Family] = []
     for family in metrics.registry.collect():
         labels: dict[str, list[str]] = {}
         buckets: list[str] = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards"
@@ -48,7 +49,9 @@ def target(expr: str, legend: str = "", fmt: str | None = None) -> dict:
     return t
 
 
-def quantiles(metric: str, sel: str, by: str = "", qs=(0.5, 0.95, 0.99), window: str = RATE) -> list[dict]:
+def quantiles(
+    metric: str, sel: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95, 0.99), window: str = RATE
+) -> list[dict]:
     grouping = f"le, {by}" if by else "le"
     suffix = f" {{{{{by}}}}}" if by else ""
     return [
@@ -653,7 +656,7 @@ def npu() -> dict:
 DASHBOARDS = {"palmyra-service.json": service, "palmyra-engine.json": engine, "palmyra-npu.json": npu}
 
 
-def render(build) -> str:
+def render(build: Callable[[], dict]) -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 

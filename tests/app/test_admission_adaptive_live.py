@@ -84,8 +84,10 @@ def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine
         assert fast and max(fast) < 1.0, f"refused on arrival, not after a wait: {fast}"
         # No admitted request waited longer than the bound (the histogram counts every admission).
         page = client.get(f"{sc.url}/metrics").text
-        count = float(re.search(r"^palmyra_queue_wait_seconds_count (\S+)", page, re.M).group(1))
-        within = float(re.search(r'^palmyra_queue_wait_seconds_bucket\{le="2\.0"\} (\S+)', page, re.M).group(1))
+        count_line = re.search(r"^palmyra_queue_wait_seconds_count (\S+)", page, re.M)
+        within_line = re.search(r'^palmyra_queue_wait_seconds_bucket\{le="2\.0"\} (\S+)', page, re.M)
+        assert count_line and within_line, "the queue-wait histogram is on the page"
+        count, within = float(count_line.group(1)), float(within_line.group(1))
         assert count == within == len(ok) + 3
         rejected = sum(
             float(v)

@@ -12,11 +12,10 @@ Capacity: PALMYRA_MAX_IN_FLIGHT=4, each request a stream of 4 chunks 0.3 s apart
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import math
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import yaml
 
 from tests.helpers import procs
 from tests.helpers.load import ClosedLoop
+from tests.helpers.modules import load_module
 from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,15 +34,7 @@ JOB = "palmyra-sidecar"
 HPA_TOLERANCE = 0.1  # kube-controller-manager's default --horizontal-pod-autoscaler-tolerance
 
 
-def _load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-local_prometheus = _load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
+local_prometheus = load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
 
 
 def rendered_scaledobject() -> dict:
@@ -162,7 +154,8 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
             90,
             "a full window at 1x load",
         )
-        assert scalar(prom, f"max_over_time(palmyra_queued_requests{sel}[30s])") <= 1
+        queued = scalar(prom, f"max_over_time(palmyra_queued_requests{sel}[30s])")
+        assert queued is not None and queued <= 1, queued
         measure("1x", 1)
     assert set(one_x.statuses) == {200}, set(one_x.statuses)
     assert measured["1x"][1] == 1 and measured["1x"][2] == 1  # holds: one replica full is what it should have
@@ -202,6 +195,8 @@ def test_every_selector_of_the_query_has_series_from_the_real_sidecar(sidecar: p
     exposition = httpx.get(f"{sidecar.url}/metrics", timeout=10).text
     for selector in selectors:
         assert re.search(rf"^{re.escape(selector.split('{')[0])}[{{ ]", exposition, re.MULTILINE), selector
-        wait_until(lambda s=selector: scalar(prom, f"count({s})"), 30, f"series for {selector}")
-    reasons = re.search(r'reason=~"([^"]+)"', query).group(1).split("|")
+        wait_until(functools.partial(scalar, prom, f"count({selector})"), 30, f"series for {selector}")
+    listed = re.search(r'reason=~"([^"]+)"', query)
+    assert listed, query
+    reasons = listed.group(1).split("|")
     assert scalar(prom, f'count(palmyra_rejections_total{{job="{JOB}",reason=~"{"|".join(reasons)}"}})') == len(reasons)

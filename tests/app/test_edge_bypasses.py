@@ -10,6 +10,7 @@ the FAKE engine. Each test regresses one way around the edge's limits that worke
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
@@ -288,7 +289,9 @@ def test_near_the_cap_anonymous_answers_close_their_connection(engine, sidecar_f
                 b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n",
             ):
                 # (until the sidecar has accepted the two held connections)
-                answer = wait_until(lambda r=request: closed_after(r), 5, "an anonymous answer closing its connection")
+                answer = wait_until(
+                    functools.partial(closed_after, request), 5, "an anonymous answer closing its connection"
+                )
                 assert status_of(answer) in (200, 401)
                 far.close()
                 far = socket.create_connection(("127.0.0.1", sc.port), timeout=5)

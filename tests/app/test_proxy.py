@@ -158,9 +158,9 @@ def test_one_json_log_line_per_request(sidecar, client):
         return [e for e in lines if e.get("logger") == "palmyra.access" and e.get("request_id") == "log-1"]
 
     wait_until(access, 5, "the access log line")
-    access = access()
-    assert len(access) == 1
-    entry = access[0]
+    entries = access()
+    assert len(entries) == 1
+    entry = entries[0]
     assert entry["status"] == 200 and entry["route"] == "completions"
     assert entry["completion_tokens"] == 2 and entry["prompt_tokens"] == 3
     assert entry["duration_ms"] >= entry["ttft_ms"] > 0

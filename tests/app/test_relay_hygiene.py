@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.api import HTTP, assert_openai_error, completion
 from tests.helpers.api import metric_value as sample
 from tests.helpers.fake_engine import LEAKED_SECRET
 from tests.helpers.waiting import wait_until
@@ -111,7 +111,7 @@ def test_sigterm_exits_at_once_with_only_a_slow_upload_open(engine, sidecar_fact
         )
         sock.settimeout(15)
         wait_until(
-            lambda: sample(httpx, sc.url, "palmyra_request_bodies_arriving") == 1,
+            lambda: sample(HTTP, sc.url, "palmyra_request_bodies_arriving") == 1,
             5,
             "the request to wait in the relay for the rest of its body",
         )

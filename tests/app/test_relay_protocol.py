@@ -96,7 +96,9 @@ def test_a_non_streamed_body_cut_midway_ends_the_response_cleanly(sidecar, clien
             received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ")
-    length = int(re.search(rb"(?i)\r\ncontent-length: (\d+)", head).group(1))
+    announced = re.search(rb"(?i)\r\ncontent-length: (\d+)", head)
+    assert announced, head
+    length = int(announced.group(1))
     assert 0 < len(body) < length  # what the client sees: a 200 whose body stops short
     entry = wait_until(lambda: access_entries(sidecar, "cut-1"), 5, "the access log line")[0]
     assert entry["status"] == 200 and entry["truncated"] is True

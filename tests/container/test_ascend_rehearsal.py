@@ -157,7 +157,8 @@ def probe(
     print(run.stdout)
     print(run.stderr)
     assert run.returncode == 0, run.stderr
-    out, dirs = {}, {}
+    out: dict[str, str] = {}
+    dirs: dict[str, tuple[bool, str]] = {}
     for line in run.stdout.splitlines():
         key, sep, value = line.partition(": ")
         if key in ("writable", "NOT writable"):

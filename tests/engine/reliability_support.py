@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import psutil
@@ -164,7 +165,7 @@ class StreamThread(threading.Thread):
             self.started_streaming.set()
 
 
-def start_streams(url: str, n: int, payload: dict, wait_events: bool = True, **kw: object) -> list[StreamThread]:
+def start_streams(url: str, n: int, payload: dict, wait_events: bool = True, **kw: Any) -> list[StreamThread]:
     threads = [StreamThread(url, payload, **kw) for _ in range(n)]
     for t in threads:
         t.start()

@@ -11,6 +11,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_client_that_stops_reading_frees_its_slot_and_the_engine(sidecar, engi
 
 def test_coerced_spellings_and_multipliers_are_bounded_before_the_engine(sidecar, engine_server):
     prompts_before = engine_gauge(engine_server.url, "vllm:prompt_tokens_total")
-    refused = {
+    refused: dict[str, tuple[dict[str, Any], str]] = {
         "max_tokens as a string": ({"max_tokens": "100000"}, "max_tokens_too_large"),
         "max_tokens as a float": ({"max_tokens": 100000.0}, "max_tokens_too_large"),
         "max_tokens in exponent form": ({"max_tokens": 1e5}, "max_tokens_too_large"),

@@ -8,6 +8,7 @@ Order matters: hang first (it recovers with SIGCONT), then the two kills (each r
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ class RestartableEngine:
         self.model_dir, self.log_dir = model_dir, log_dir
         self.port = procs.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._cm = None
+        self._cm: contextlib.AbstractContextManager[procs.Server] | None = None
         self.server: procs.Server | None = None
 
     def start(self) -> float:
@@ -85,6 +86,7 @@ def with_group_continued(eng: RestartableEngine) -> None:
 
 @pytest.fixture(scope="module")
 def sidecar(engine: RestartableEngine, log_dir) -> Iterator[procs.Server]:
+    assert engine.server is not None, "started by the engine fixture"
     with procs.sidecar(
         engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST, timeout_s=120
     ) as server:
@@ -163,7 +165,8 @@ def test_engine_hung_by_sigstop(engine, sidecar):
 
         wait_until(lambda: watcher.unlive_at is not None, 15, "/health failing")
         watcher.finish()
-        assert watcher.unready_at is not None and watcher.unlive_status == "engine_hung", watcher.unlive_status
+        assert watcher.unready_at is not None and watcher.unlive_at is not None
+        assert watcher.unlive_status == "engine_hung", watcher.unlive_status
         unready_s, hung_s = watcher.unready_at - t_stop, watcher.unlive_at - t_stop
         assert unready_s <= 3.0, "the health poller (1 s timeout) or the canary must notice within seconds"
         # Judged from the last good /health poll (at most one 0.2 s poll interval before the stop).
@@ -216,6 +219,7 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
 
     wait_until(lambda: watcher.unready_at and watcher.unlive_at, 10, "/ready and /health failing", 0.05)
     watcher.finish()
+    assert watcher.unready_at is not None and watcher.unlive_at is not None
     unready_s, unlive_s = watcher.unready_at - t_kill, watcher.unlive_at - t_kill
     assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
     # Readiness follows what the relay sees: unready within 0.5 s of the first stream's end (the

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import time
+from typing import Any
 
 import openai
 import pytest
@@ -23,7 +24,7 @@ def sdk(sidecar_server) -> openai.OpenAI:
 
 # Long enough to still be generating when the client leaves: the most the engine's max-model-len
 # (2048) allows after the one-token prompt, about 20 s at this machine's single-stream rate.
-LONG_GENERATION = {"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 2000, "ignore_eos": True}
+LONG_GENERATION: dict[str, Any] = {"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 2000, "ignore_eos": True}
 # While the CPU engine generates, a test process can wait on the run queue for the whole generation
 # (docs/reliability.md, finding 5). Such a stall leaves nothing to abort, so that attempt is retried.
 ATTEMPTS = 3

@@ -7,7 +7,10 @@ import socket
 import threading
 import time
 
+import httpx
 import psutil
+
+from tests.helpers.procs import Server
 
 MIB = 1024 * 1024
 
@@ -48,7 +51,7 @@ def header_of(response: bytes, name: bytes) -> bytes | None:
     return None
 
 
-def counter(client, sc, series: str) -> float:
+def counter(client: httpx.Client, sc: Server, series: str) -> float:
     """One series of the sidecar's /metrics, e.g. 'palmyra_rejections_total{reason="x"}' (0 if absent)."""
     for line in client.get(f"{sc.url}/metrics").text.splitlines():
         if line.startswith(series + " "):
@@ -56,7 +59,7 @@ def counter(client, sc, series: str) -> float:
     return 0.0
 
 
-def rejections(client, sc, reason: str) -> float:
+def rejections(client: httpx.Client, sc: Server, reason: str) -> float:
     return counter(client, sc, f'palmyra_rejections_total{{reason="{reason}"}}')
 
 

@@ -42,10 +42,13 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any, TypedDict
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-STATE = {
+# The fault knobs: set from the tests' JSON (STATE.update), so any value; read through float()/int().
+STATE: dict[str, Any] = {
     "health": "ok",
     "generate": "ok",
     "metrics": "ok",
@@ -64,7 +67,24 @@ METRICS_PAGE = (
 )
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-STATS = {
+
+
+class Stats(TypedDict):
+    """What the engine saw, for the tests to assert on."""
+
+    requests: int
+    aborted: int
+    completed: int
+    request_ids: list[str | None]
+    auth: list[str | None]
+    paths: list[str]
+    headers: dict[str, str]
+    tokenizing: int
+    tokenizing_max: int
+    metrics_renders: int
+
+
+STATS: Stats = {
     "requests": 0,
     "aborted": 0,
     "completed": 0,
@@ -79,7 +99,7 @@ STATS = {
 
 
 @web.middleware
-async def record(request: web.Request, handler):
+async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every client request that reached the engine (raw target and headers): what the sidecar let through."""
     if not request.path.startswith("/fake/") and request.path != "/health":
         STATS["paths"].append(request.raw_path)
@@ -99,10 +119,17 @@ def _chunk(i: int, chat: bool, pad: int = 0) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def _socket(request: web.Request) -> asyncio.Transport:
+    transport = request.transport
+    assert transport is not None, "the client's connection is already gone"
+    return transport
+
+
 def _raw(request: web.Request, data: bytes) -> None:
     """Write bytes straight to the socket (faults aiohttp would not produce) and close it."""
-    request.transport.write(data)
-    request.transport.close()
+    transport = _socket(request)
+    transport.write(data)
+    transport.close()
 
 
 def _tricky_stream() -> list[bytes]:
@@ -210,7 +237,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             status=400,
         )
     if mode == "fake:read-and-close":
-        request.transport.close()
+        _socket(request).close()
         await asyncio.sleep(0.1)
         return web.Response()
     answer = json.dumps(
@@ -254,8 +281,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         STATS["completed"] += 1
         return resp
     if mode == "fake:garbage":
-        request.transport.write(b"\x00\x01 this is not HTTP\r\n\r\n")
-        request.transport.close()
+        _raw(request, b"\x00\x01 this is not HTTP\r\n\r\n")
         await asyncio.sleep(0.1)
         return web.Response()
     if not body.get("stream"):
@@ -279,7 +305,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             n = 0
         for i in range(n):
             if mode == "fake:die" and i == 3:
-                request.transport.close()  # the engine vanishes mid-stream
+                _socket(request).close()  # the engine vanishes mid-stream
                 return resp
             await resp.write(_chunk(i, chat, FAT_TOKEN_BYTES if mode == "fake:fat-tokens" else 0))
             if delay:

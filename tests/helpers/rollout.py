@@ -32,6 +32,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -71,7 +72,7 @@ class HAProxy:
         self.socket_path = workdir / "haproxy.sock"
         self.config_path = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     def config(self) -> str:
         servers = "\n".join(f"    server {name} 127.0.0.1:{PARKED_PORT} check" for name in self.slots)

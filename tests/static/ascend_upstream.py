@@ -311,7 +311,7 @@ def compile_set(
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     if run.returncode != 0:
         raise ResolutionFailed(f"uv pip compile for {arch} failed:\n{run.stderr[-4000:]}")
-    out = {}
+    out: dict[str, str] = {}
     for line in run.stdout.splitlines():
         name, sep, version = line.strip().partition("==")
         if sep:
@@ -325,8 +325,8 @@ class ResolutionFailed(AssertionError):
 
 @cache
 def upstream_set(arch: str) -> Resolution:
-    requirements, notes, built = upstream_requirements()
-    notes = list(notes)
+    requirements, upstream_notes, built = upstream_requirements()
+    notes = list(upstream_notes)
     torch_pin = next(r for r in requirements if canonicalize_name(Requirement(r).name) == "torch")
     overrides = None
     extra = _torch_cpu_index() if arch == "x86_64" else None

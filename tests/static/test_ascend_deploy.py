@@ -206,7 +206,9 @@ def test_cce_overlay_mounts_no_more_of_the_host_than_vllm_ascends_cce_manifest()
 
 
 def _quantity_gib(text: str) -> float:
-    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", text).groups()
+    quantity = re.fullmatch(r"(\d+)(Mi|Gi)", text)
+    assert quantity, f"not a Mi/Gi quantity: {text}"
+    number, unit = quantity.groups()
     return int(number) / (1024 if unit == "Mi" else 1)
 
 

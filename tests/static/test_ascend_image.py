@@ -80,7 +80,7 @@ def test_dockerfile_builds_from_the_release_image_and_names_the_a3_variant() -> 
 def test_sdists_are_the_tagged_sources_upstream_builds() -> None:
     # vllm-ascend's Dockerfile installs its git tag; the index's sdist must carry the same pins.
     ascend = up.sdist_root("vllm-ascend", FACTS["recipe"]["vllm_ascend"]["version"])
-    reqs = {
+    reqs: dict[str, str] = {
         canonicalize_name(Requirement(r).name): str(Requirement(r).specifier)
         for r in up.read_requirements(ascend / "requirements.txt")
     }
@@ -143,7 +143,7 @@ def test_wheels_from_outside_the_index_are_named_and_checked() -> None:
 def _manylinux_ok(tag: Tag, arch: str) -> bool:
     m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
     glibc = tuple(int(x) for x in FACTS["image"]["glibc"].split("."))
-    return bool(m) and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
+    return m is not None and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
 
 
 @pytest.mark.parametrize("arch", up.ARCHES)

@@ -11,6 +11,7 @@ import copy
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -190,7 +191,7 @@ def test_query_arithmetic_on_synthetic_replicas(tmp_path):
     ]
     # b's limit is 0 from minute 6: clamp_min makes it 1, so b counts 4/1 = 4.
     expected = {"2m": 0, "5m": 1, "8m": 2 + 4, "11m": (4 + 3) / 4 + 4}
-    tests = {
+    tests: dict[str, Any] = {
         "rule_files": [str(rules)],
         "evaluation_interval": "10s",
         "tests": [

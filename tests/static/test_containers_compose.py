@@ -339,7 +339,7 @@ def test_podman_compose_resolves_the_shared_namespace() -> None:
 
 
 def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -> None:
-    urls = {name: probe_url(s) for name, s in services.items() if probe_url(s)}
+    urls = {name: url for name, s in services.items() if (url := probe_url(s))}
     assert set(urls) == {"engine", "engine-cpu", "sidecar"}
     # The sidecar's probe port, as its environment sets it: apart from the client port, and
     # published nowhere (busy clients cannot fail the healthchecks; only the probes are there).
@@ -576,8 +576,9 @@ def test_podman_override_is_host_network_local_images_loopback_only() -> None:
     probe_port = override["sidecar"]["environment"]["PALMYRA_PROBE_PORT"]
     assert probe_port != sidecar_cmd[sidecar_cmd.index("--port") + 1]
     for name in ("engine-cpu", "sidecar"):
-        assert probe_url(override[name]).startswith(f"http://127.0.0.1:{probe_port}/")
-        assert url_path(probe_url(override[name]).replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
+        url = probe_url(override[name])
+        assert url is not None and url.startswith(f"http://127.0.0.1:{probe_port}/"), url
+        assert url_path(url.replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
 
 
 def test_override_lists_that_must_replace_say_so() -> None:

@@ -12,12 +12,12 @@ README commands are checked in test_docs_readme.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -25,17 +25,15 @@ import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from tests.helpers.markdown import github_slug
+from tests.helpers.modules import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 GEN = REPO / "scripts" / "gen_docs.py"
 
 
-def load_gen_docs():
-    spec = importlib.util.spec_from_file_location("gen_docs", GEN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_gen_docs() -> ModuleType:
+    return load_module("gen_docs", GEN)  # a fresh copy each time: a test may repoint its paths
 
 
 def markdown_files() -> list[Path]:
@@ -196,7 +194,7 @@ def files_mentioning_variables() -> list[Path]:
 
 def test_every_palmyra_variable_mentioned_is_a_setting_or_allowed():
     settings = {f"PALMYRA_{name.upper()}" for name in Settings.model_fields}
-    unknown = {}
+    unknown: dict[str, list[str]] = {}
     for path in files_mentioning_variables():
         for name in set(PALMYRA_VAR.findall(path.read_text(encoding="utf-8"))):
             if name not in settings and name not in ALLOWED_NON_SETTINGS:

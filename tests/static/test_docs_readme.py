@@ -87,7 +87,8 @@ def simple_commands(line: str) -> list[list[str]]:
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = list(lexer)
-    commands, current = [], []
+    commands: list[list[str]] = []
+    current: list[str] = []
     for token in tokens:
         if token in OPERATORS:
             if current:
@@ -199,6 +200,7 @@ class Checker:
     def check(self, argv: list[str]) -> list[str]:
         problems = [f"{a}: no such path in the repository" for a in argv if self._missing_path(a)]
         name = program(argv)
+        assert name is not None, f"not a checked program: {argv}"
         method = {
             "palmyra-serve": self.palmyra_serve,
             "./bootstrap.sh": self.bootstrap_sh,

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
 from tests.static.test_k8s import (
     K8S,
     REPO,
@@ -38,15 +39,7 @@ from tests.static.test_k8s import (
     render,
 )
 
-try:  # the sidecar's route table: its own module on the hardened front end's branch, else relay/handler.py
-    from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
-
-    API_ROUTES = {path: route.label for path, route in RELAYED.items()}
-except ImportError:
-    from palmyra_serve.sidecar.relay.handler import GENERATION_ROUTES
-    from palmyra_serve.sidecar.relay.handler import ROUTE_OF as API_ROUTES
-
-    CONTROL_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics", "/engine/metrics"})
+API_ROUTES = {path: route.label for path, route in RELAYED.items()}
 
 COMPONENT = "components/inference-gateway"
 CONFIG_FILE = K8S / COMPONENT / "picker-config.yaml"
@@ -519,8 +512,8 @@ def vllm_exported_names(source: Path) -> dict[str, bool]:
         for value in names:
             if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.startswith("vllm:"):
                 found[value.value] = found.get(value.value, True) and under_lora
-        for child in ast.iter_child_nodes(node):
-            visit(child, under_lora)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner, under_lora)
 
     visit(tree, False)
     return found

@@ -562,7 +562,7 @@ def sidecar_listens(spec: dict) -> Settings:
     return _settings(build_parser().parse_args(command[1:]))
 
 
-def _probe_ports(c: dict) -> list[object]:
+def _probe_ports(c: dict) -> list[int | str]:
     return [
         probe[kind]["port"]
         for probe in (c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe"))
@@ -586,7 +586,8 @@ def assert_engine_only_inside_the_pod(spec: dict) -> None:
         # The kubelet probes the pod IP: a probe on the engine's port would never pass.
         named = sidecar_ports(spec)
         for probe_port in _probe_ports(c):
-            assert named.get(probe_port, probe_port) != port, f"{c['name']} probes the engine's port directly"
+            number = named.get(probe_port, probe_port) if isinstance(probe_port, str) else probe_port
+            assert number != port, f"{c['name']} probes the engine's port directly"
         # The engine key travels by environment only (argv is readable in /proc by everyone).
         assert not any("api-key" in str(a) for a in c.get("args", []) + c.get("command", [])), c["name"]
     # The sidecar reaches the engine over the shared loopback, on the port the engine listens on.

@@ -7,13 +7,13 @@ one autoscaler scales, on the sidecars' demand."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 
 import pytest
 import yaml
 
+from tests.helpers.modules import load_module
 from tests.static.test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
@@ -24,19 +24,12 @@ JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
 LABEL_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 
-def _load(name: str, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _generator():
-    return _load("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
+    return load_module("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
 
 
 def _dashboard_generator():
-    return _load("k8s_generate_dashboards", REPO / "monitoring" / "grafana" / "generate_dashboards.py")
+    return load_module("k8s_generate_dashboards", REPO / "monitoring" / "grafana" / "generate_dashboards.py")
 
 
 def _rules() -> dict:
@@ -262,10 +255,11 @@ def test_monitor_check_can_fail():
         print(f"caught: {what}")
     # The KEDA query itself is checked too: one that selects another job than the sidecars' misses.
     objects = copy.deepcopy(good)
-    assert 'job="palmyra-sidecar"' in _keda_query(objects)
+    query = _keda_query(objects)
+    assert query is not None and 'job="palmyra-sidecar"' in query
     with pytest.raises(AssertionError):
         assert_monitors_scrape_through_the_sidecar(
-            objects, rules, _keda_query(objects).replace('job="palmyra-sidecar"', 'job="palmyra-engine"')
+            objects, rules, query.replace('job="palmyra-sidecar"', 'job="palmyra-engine"')
         )
 
 

@@ -149,7 +149,8 @@ def test_promtool_unit_tests_pass():
 
 
 def test_unit_tests_cover_every_alert_firing_and_silent():
-    fires, silent = set(), set()
+    fires: set[str] = set()
+    silent: set[str] = set()
     for case in _yaml(UNIT_TESTS)["tests"]:
         for t in case.get("alert_rule_test", []):
             (fires if t.get("exp_alerts") else silent).add(t["alertname"])
@@ -202,7 +203,9 @@ def test_slo_constants_agree_between_rules_and_dashboard():
     service = dq.load("palmyra-service.json")
     variables = {v["name"]: v for v in service["templating"]["list"]}
     for var, record in (("ttft_slo", "palmyra:slo_ttft_p99_seconds"), ("itl_slo", "palmyra:slo_itl_p99_seconds")):
-        constant = re.fullmatch(r"vector\(([\d.]+)\)", _recorded(record)["expr"].strip()).group(1)
+        vector = re.fullmatch(r"vector\(([\d.]+)\)", _recorded(record)["expr"].strip())
+        assert vector, f"{record} is a constant vector(...)"
+        constant = vector.group(1)
         assert variables[var]["type"] in {"textbox", "constant"}
         assert float(variables[var]["query"]) == float(constant), var
 

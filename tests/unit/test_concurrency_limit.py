@@ -231,9 +231,11 @@ def test_a_queued_request_gets_a_deadline_within_the_slo_and_retry_after_reflect
     assert queued and refused
     assert all(d.deadline is not None and d.deadline - clock.now <= max_wait + 1e-9 for d in queued)
     # Admitted to the queue while (position / mu) <= max_wait; refused beyond.
-    assert len(queued) == int(max_wait * gate.service_rate())
+    mu = gate.service_rate()
+    assert mu is not None, "measured from the admissions above"
+    assert len(queued) == int(max_wait * mu)
     assert {d.reason for d in refused} == {SLO_UNREACHABLE}
-    expected = max(1, -int(-((len(queued) + 1) / gate.service_rate() - max_wait) // 1))
+    expected = max(1, -int(-((len(queued) + 1) / mu - max_wait) // 1))
     assert refused[0].retry_after_s == expected
 
 

@@ -230,6 +230,7 @@ def test_the_process_table_reads_names_with_spaces_and_parentheses(tmp_path):
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
+    assert child.stdout is not None
     try:
         child.stdout.readline()  # the name is set
         (me,) = [p for p in process_tree.processes() if p.pid == child.pid]

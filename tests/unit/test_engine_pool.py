@@ -66,7 +66,9 @@ class ScriptedServer:
         await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._tasks.append(asyncio.current_task())
+        task = asyncio.current_task()
+        assert task is not None  # a handler runs in its own task
+        self._tasks.append(task)
         self._writers.append(writer)
         self.connections += 1
         number, served = self.connections, 0

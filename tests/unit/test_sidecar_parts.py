@@ -288,7 +288,7 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     health.set_phase("ready")
     proxy = Proxy(settings, metrics, build_admission(settings), ApiKeys.from_settings(settings), health)
 
-    def broken(*_args: object) -> None:
+    def broken(body: bytes, entry: object) -> None:
         raise RuntimeError("a bug in the sidecar")
 
     proxy._check_cost = broken  # type: ignore[method-assign]  # the injected fault

@@ -17,7 +17,7 @@ DELAY_S = 0.02  # every fake request takes this long whatever the concurrency: i
 
 
 def _sse(n_tokens: int) -> bytes:
-    chunks = [{"choices": [{"index": 0, "text": f"t{i}"}]} for i in range(n_tokens)]
+    chunks: list[dict[str, object]] = [{"choices": [{"index": 0, "text": f"t{i}"}]} for i in range(n_tokens)]
     chunks.append({"choices": [], "usage": {"completion_tokens": n_tokens}})
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
