@@ -96,19 +96,19 @@ main() {
   echo "load $LOAD, targets $TARGETS"
 
   echo "== $(date -u +%T) (a) relay benchmark, workload A, streams $CONC"
-  timeout -s INT -k 20 "$T_A" "$VPY" benchmarks/relay.py --workload A --concurrency "$CONC" --seconds "$SECONDS_A" \
+  timeout -s INT -k 20 "$T_A" "$VPY" -m benchmarks.relay --workload A --concurrency "$CONC" --seconds "$SECONDS_A" \
     --ttft-rounds "$ROUNDS_A" --load "$LOAD" --targets "$TARGETS" --out "$OUT"
   echo "relay rc $?"
   if [ ! -f "$OUT/relay.md" ] && [ "$SECONDS" -lt 200 ]; then  # it broke early: once more, needing neither tool
     echo "== $(date -u +%T) (a) again with the lean client, no nginx"
-    timeout -s INT -k 20 150 "$VPY" benchmarks/relay.py --workload A --concurrency "$CONC" --seconds "$SECONDS_A" \
+    timeout -s INT -k 20 150 "$VPY" -m benchmarks.relay --workload A --concurrency "$CONC" --seconds "$SECONDS_A" \
       --ttft-rounds 1 --load lean --targets direct,sidecar --out "$OUT"
     echo "relay (lean) rc $?"
   fi
 
   echo "== $(date -u +%T) (b) overload against a fast engine: $SLOTS slots x $SERVICE s, 64 events per write"
   rm -rf /tmp/ologs
-  timeout -s INT -k 20 "$T_B" "$VPY" benchmarks/overload.py --slots "$SLOTS" --service-s "$SERVICE" --seconds "$SECONDS_B" \
+  timeout -s INT -k 20 "$T_B" "$VPY" -m benchmarks.overload --slots "$SLOTS" --service-s "$SERVICE" --seconds "$SECONDS_B" \
     --capacity-s "$CAP_B" --variant wide-cap:PALMYRA_MAX_CONNECTIONS=576 --out "$OUT" --log-dir /tmp/ologs
   echo "overload rc $? (1: a check not met)"
 

@@ -2,12 +2,14 @@
 
 Raw ASGI on uvicorn (uvloop + httptools): the cost per request is what a lean Python server pays,
 so the relay's own overhead is what the benchmark shows. Also answers /health and /v1/models so
-the sidecar can warm up in front of it. Run: python fast_engine.py PORT
+the sidecar can warm up in front of it. Run: python -m benchmarks.fast_engine PORT
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvicorn
 
@@ -17,11 +19,18 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = [(b"content-type", b"text/event-stream")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 MODELS = b'{"object":"list","data":[{"id":"palmyra-mini","object":"model","max_model_len":4096,"root":null}]}'
-COMPLETION = (b'{"object":"text_completion","choices":[{"index":0,"text":"ok"}],'
-              b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+COMPLETION = (
+    b'{"object":"text_completion","choices":[{"index":0,"text":"ok"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
 
 
-async def app(scope, receive, send):
+Message = dict[str, Any]
+
+
+async def app(
+    scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
+) -> None:
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()
@@ -54,5 +63,13 @@ async def app(scope, receive, send):
 
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools",
-                access_log=False, log_level="warning", backlog=4096)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        backlog=4096,
+    )

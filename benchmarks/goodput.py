@@ -14,13 +14,14 @@ Arrivals stop after `--seconds`; requests still open `--drain-s` later are cance
 goes away, the engine aborts them) and count as unfinished, never good. Their wait so far enters the
 TTFT percentiles as a lower bound (the table marks those percentiles with >=).
 
-    python benchmarks/goodput.py                             # writes benchmarks/results/goodput.{md,json,png}
-    python benchmarks/goodput.py --seconds 5 --rates 1,2     # a short smoke run
-    python benchmarks/goodput.py --name goodput-baseline     # another file name
-    python benchmarks/goodput.py --nginx                     # a third target: nginx in front of the engine,
+    python -m benchmarks.goodput                             # writes benchmarks/results/goodput.{md,json,png}
+    python -m benchmarks.goodput --seconds 5 --rates 1,2     # a short smoke run
+    python -m benchmarks.goodput --name goodput-baseline     # another file name
+    python -m benchmarks.goodput --nginx                     # a third target: nginx in front of the engine,
                                                              # what a bare relay hop costs on this machine
 
-Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python benchmarks/goodput.py`.
+Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python -m benchmarks.goodput`,
+from the repository root (the test helpers it runs the processes with import as `tests.helpers`).
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from palmyra_serve.tools.stats import percentile
+
+if TYPE_CHECKING:  # imported where it runs: the arithmetic (and its unit tests) needs no sidecar
+    from palmyra_serve.sidecar.upstream.pool import EnginePool
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-for extra in (REPO / "service", REPO / "tests"):  # this tree's package and test helpers first
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
-from palmyra_serve.tools.stats import percentile
 
 SCHEMA = "palmyra-goodput/1"
 MODEL = "palmyra-mini"
@@ -59,10 +61,62 @@ MAX_TOKENS = 64
 TOKEN_EVENT = b'"text":'  # in every completion chunk; escaped text can never contain it
 USAGE_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 # A small fixed vocabulary: prompts are distinct (no prefix-cache hits) yet tokenise to a similar length.
-WORDS = ["river", "mountain", "signal", "garden", "copper", "window", "lantern", "harbor", "meadow", "thunder", "violet", "engine", "orbit", "canvas", "marble", "pepper", "falcon", "quartz", "ember", "willow", "saddle", "comet", "velvet", "anchor", "prism", "tundra", "cobalt", "mosaic", "glacier", "beacon", "hollow", "raven", "cedar", "dune", "lagoon", "nectar", "opal", "pixel", "quiver", "ripple", "summit", "timber", "umbra", "vortex", "wander", "yonder", "zephyr", "amber", "bristle", "cinder"]
+WORDS = [
+    "river",
+    "mountain",
+    "signal",
+    "garden",
+    "copper",
+    "window",
+    "lantern",
+    "harbor",
+    "meadow",
+    "thunder",
+    "violet",
+    "engine",
+    "orbit",
+    "canvas",
+    "marble",
+    "pepper",
+    "falcon",
+    "quartz",
+    "ember",
+    "willow",
+    "saddle",
+    "comet",
+    "velvet",
+    "anchor",
+    "prism",
+    "tundra",
+    "cobalt",
+    "mosaic",
+    "glacier",
+    "beacon",
+    "hollow",
+    "raven",
+    "cedar",
+    "dune",
+    "lagoon",
+    "nectar",
+    "opal",
+    "pixel",
+    "quiver",
+    "ripple",
+    "summit",
+    "timber",
+    "umbra",
+    "vortex",
+    "wander",
+    "yonder",
+    "zephyr",
+    "amber",
+    "bristle",
+    "cinder",
+]
 
 
 # --- pure arithmetic (unit-tested in tests/unit/test_goodput_bench.py) ---------------------------
+
 
 @dataclass
 class RequestResult:
@@ -89,16 +143,29 @@ def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
     return out
 
 
-def is_good(r: RequestResult, ttft_slo_s: float = TTFT_SLO_S, itl_slo_s: float = ITL_SLO_S,
-            tokens: int = MAX_TOKENS) -> bool:
+def is_good(
+    r: RequestResult, ttft_slo_s: float = TTFT_SLO_S, itl_slo_s: float = ITL_SLO_S, tokens: int = MAX_TOKENS
+) -> bool:
     """Completed in full within both SLOs."""
-    return (r.status == 200 and r.done and not r.unfinished and r.tokens >= tokens
-            and r.ttft_s is not None and r.ttft_s <= ttft_slo_s
-            and r.itl_s is not None and r.itl_s <= itl_slo_s)
+    return (
+        r.status == 200
+        and r.done
+        and not r.unfinished
+        and r.tokens >= tokens
+        and r.ttft_s is not None
+        and r.ttft_s <= ttft_slo_s
+        and r.itl_s is not None
+        and r.itl_s <= itl_slo_s
+    )
 
 
-def summarize_rate(results: list[RequestResult], seconds: float, ttft_slo_s: float = TTFT_SLO_S,
-                   itl_slo_s: float = ITL_SLO_S, tokens: int = MAX_TOKENS) -> dict:
+def summarize_rate(
+    results: list[RequestResult],
+    seconds: float,
+    ttft_slo_s: float = TTFT_SLO_S,
+    itl_slo_s: float = ITL_SLO_S,
+    tokens: int = MAX_TOKENS,
+) -> dict:
     """One row of the table: goodput per second of arrivals, latency percentiles, refusals."""
     good = sum(is_good(r, ttft_slo_s, itl_slo_s, tokens) for r in results)
     completed = [r for r in results if r.status == 200 and r.done and not r.unfinished]
@@ -117,14 +184,21 @@ def summarize_rate(results: list[RequestResult], seconds: float, ttft_slo_s: flo
         return percentile(xs, q) if xs else None
 
     return {
-        "sent": len(results), "offered_per_s": len(results) / seconds if seconds else 0.0,
-        "good": good, "goodput_per_s": good / seconds if seconds else 0.0,
-        "completed": len(completed), "refused": len(refused), "errors": len(errors),
+        "sent": len(results),
+        "offered_per_s": len(results) / seconds if seconds else 0.0,
+        "good": good,
+        "goodput_per_s": good / seconds if seconds else 0.0,
+        "completed": len(completed),
+        "refused": len(refused),
+        "errors": len(errors),
         "unfinished": sum(r.unfinished for r in results),
-        "ttft_p50_s": pct(ttft_all, 50), "ttft_p99_s": pct(ttft_all, 99),
+        "ttft_p50_s": pct(ttft_all, 50),
+        "ttft_p99_s": pct(ttft_all, 99),
         # A censored wait can only grow, and any sample growing can only raise a percentile.
-        "ttft_p50_lower_bound": bool(censored), "ttft_p99_lower_bound": bool(censored),
-        "itl_p50_s": pct(itls, 50), "itl_p99_s": pct(itls, 99),
+        "ttft_p50_lower_bound": bool(censored),
+        "ttft_p99_lower_bound": bool(censored),
+        "itl_p50_s": pct(itls, 50),
+        "itl_p99_s": pct(itls, 99),
         "refusal_p99_s": pct(refusal_s, 99),
         # Why completed requests were not good (a request can miss both).
         "completed_short": sum(r.tokens < tokens for r in completed),
@@ -146,17 +220,27 @@ def _fmt(row: dict, key: str) -> str:
 def markdown(doc: dict) -> str:
     meta = doc["meta"]
     cap = meta["capacity_per_s"]
-    lines = [f"# Goodput benchmark{' — ' + meta['label'] if meta.get('label') else ''}", "",
-             (f"{meta['started_at']}, {meta['cpus']} cores, {meta['cpu_model']}; tiny stand-in on the vLLM CPU "
-              f"engine; sidecar settings: {meta['sidecar_env'] or 'defaults'}."),
-             (f"Open-loop Poisson arrivals, {meta['seconds']:.0f} s per rate, {meta['prompt_words']}-word prompts, "
-             f"{meta['max_tokens']} streamed tokens (ignore_eos); good = complete with TTFT ≤ {meta['ttft_slo_s']} s "
-             f"and mean inter-token gap ≤ {meta['itl_slo_s']} s. Capacity (1×) = {cap:.1f} req/s "
-             f"({meta['capacity_source']}). Unfinished = still open {meta['drain_s']:.0f} s after arrivals "
-              "stopped, cancelled."), "",
-             ("| offered | target | goodput /s | % of peak | TTFT p50 / p99 s | ITL p50 / p99 s | refused (429) "
-              "| errors | unfinished | sent |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Goodput benchmark{' — ' + meta['label'] if meta.get('label') else ''}",
+        "",
+        (
+            f"{meta['started_at']}, {meta['cpus']} cores, {meta['cpu_model']}; tiny stand-in on the vLLM CPU "
+            f"engine; sidecar settings: {meta['sidecar_env'] or 'defaults'}."
+        ),
+        (
+            f"Open-loop Poisson arrivals, {meta['seconds']:.0f} s per rate, {meta['prompt_words']}-word prompts, "
+            f"{meta['max_tokens']} streamed tokens (ignore_eos); good = complete with TTFT ≤ {meta['ttft_slo_s']} s "
+            f"and mean inter-token gap ≤ {meta['itl_slo_s']} s. Capacity (1×) = {cap:.1f} req/s "
+            f"({meta['capacity_source']}). Unfinished = still open {meta['drain_s']:.0f} s after arrivals "
+            "stopped, cancelled."
+        ),
+        "",
+        (
+            "| offered | target | goodput /s | % of peak | TTFT p50 / p99 s | ITL p50 / p99 s | refused (429) "
+            "| errors | unfinished | sent |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     peak = max((row["goodput_per_s"] for point in doc["rates"] for row in point["targets"].values()), default=0.0)
     for point in doc["rates"]:
         for name, row in point["targets"].items():
@@ -165,9 +249,16 @@ def markdown(doc: dict) -> str:
                 f"| {point['offered_per_s']:.1f}/s ({point['multiple']:g}×) | {name} | {row['goodput_per_s']:.1f} "
                 f"| {share} | {_fmt(row, 'ttft_p50_s')} / {_fmt(row, 'ttft_p99_s')} "
                 f"| {_fmt(row, 'itl_p50_s')} / {_fmt(row, 'itl_p99_s')} | {row['refused']} | {row['errors']} "
-                f"| {row['unfinished']} | {row['sent']} |")
-    lines += ["", (f"Peak goodput in this run: {peak:.1f}/s. Targets: at 2× and 4× the sidecar keeps "
-                   "≥ 90% of the peak; at ≤ 1× it keeps ≥ 98% of bare vLLM's goodput with a TTFT p99 no worse."), ""]
+                f"| {row['unfinished']} | {row['sent']} |"
+            )
+    lines += [
+        "",
+        (
+            f"Peak goodput in this run: {peak:.1f}/s. Targets: at 2× and 4× the sidecar keeps "
+            "≥ 90% of the peak; at ≤ 1× it keeps ≥ 98% of bare vLLM's goodput with a TTFT p99 no worse."
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -208,6 +299,7 @@ def cache_config(metrics_text: str) -> dict[str, str]:
 
 # --- the load ---------------------------------------------------------------------------------
 
+
 def prompt(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
 
@@ -215,11 +307,20 @@ def prompt(rng: random.Random) -> str:
 def body(text: str, max_tokens: int) -> bytes:
     # include_usage: under load vLLM sends several tokens in one chunk, so tokens are counted from
     # its usage report, not from chunks.
-    return json.dumps({"model": MODEL, "prompt": text, "max_tokens": max_tokens, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}).encode()
+    return json.dumps(
+        {
+            "model": MODEL,
+            "prompt": text,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
+    ).encode()
 
 
-async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
+async def one_request(pool: EnginePool, headers: list[tuple[bytes, bytes]], payload: bytes, r: RequestResult) -> None:
     """Send one streamed completion and fill `r` as it goes (so a cancelled one keeps what it got).
     The client is the sidecar's own lean pool (C-parsed), the same for both targets."""
     from palmyra_serve.sidecar.upstream.failures import UpstreamError
@@ -264,8 +365,16 @@ async def one_request(pool, headers: list[tuple[bytes, bytes]], payload: bytes, 
             resp.release()
 
 
-async def open_loop(base: str, headers: list[tuple[bytes, bytes]], rate: float, seconds: float, drain_s: float,
-                    arrival_seed: int, prompt_seed: int, max_tokens: int) -> list[RequestResult]:
+async def open_loop(
+    base: str,
+    headers: list[tuple[bytes, bytes]],
+    rate: float,
+    seconds: float,
+    drain_s: float,
+    arrival_seed: int,
+    prompt_seed: int,
+    max_tokens: int,
+) -> list[RequestResult]:
     from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 10, 600)
@@ -275,7 +384,7 @@ async def open_loop(base: str, headers: list[tuple[bytes, bytes]], rate: float, 
     tasks: list[asyncio.Task] = []
     loop = asyncio.get_running_loop()
     start = loop.time()
-    for at, r in zip(arrivals, results):
+    for at, r in zip(arrivals, results, strict=True):
         delay = start + at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -283,7 +392,7 @@ async def open_loop(base: str, headers: list[tuple[bytes, bytes]], rate: float, 
     end_of_arrivals = start + seconds
     if tasks:
         await asyncio.wait(tasks, timeout=max(0.0, end_of_arrivals + drain_s - loop.time()))
-    for task, r in zip(tasks, results):
+    for task, r in zip(tasks, results, strict=True):
         if not task.done():
             r.unfinished = True
             task.cancel()
@@ -292,8 +401,9 @@ async def open_loop(base: str, headers: list[tuple[bytes, bytes]], rate: float, 
     return results
 
 
-async def closed_loop_rate(base: str, headers: list[tuple[bytes, bytes]], concurrency: int, seconds: float,
-                           max_tokens: int) -> float:
+async def closed_loop_rate(
+    base: str, headers: list[tuple[bytes, bytes]], concurrency: int, seconds: float, max_tokens: int
+) -> float:
     """Requests per second of `concurrency` back-to-back streams, by Little's law: concurrency over
     the mean request time (after one warm round). Counting completions in a window instead would
     be quantised: streams started together finish in lockstep rounds."""
@@ -327,20 +437,25 @@ class LimitWatch:
     """Samples the sidecar's admission gauges every 0.5 s while a rate runs (a thread: the load's
     event loop stays the load's): the limit it settled on, and how it got there."""
 
-    GAUGES = ("palmyra_concurrency_limit", "palmyra_concurrency_ceiling", "palmyra_in_flight_requests",
-              "palmyra_queued_requests")
+    GAUGES = (
+        "palmyra_concurrency_limit",
+        "palmyra_concurrency_ceiling",
+        "palmyra_in_flight_requests",
+        "palmyra_queued_requests",
+    )
 
     def __init__(self, url: str) -> None:
         import threading
 
-        self.url, self.trace = url, []
+        self.url = url
+        self.trace: list[list[float | None]] = []
         self.t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        from helpers import procs
+        from tests.helpers import procs
 
         while not self._stop.wait(0.5):
             try:
@@ -351,28 +466,40 @@ class LimitWatch:
             for name in self.GAUGES:
                 m = re.search(rf"^{name} (\S+)", text.decode(), re.MULTILINE)
                 values[name.removeprefix("palmyra_")] = float(m.group(1)) if m else None
-            self.trace.append([round(time.monotonic() - self.t0, 1), values["concurrency_limit"],
-                               values["in_flight_requests"], values["queued_requests"]])
+            self.trace.append(
+                [
+                    round(time.monotonic() - self.t0, 1),
+                    values["concurrency_limit"],
+                    values["in_flight_requests"],
+                    values["queued_requests"],
+                ]
+            )
             self.ceiling = values["concurrency_ceiling"]
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=5)
         limits = [t[1] for t in self.trace if t[1] is not None]
-        return {"ceiling": getattr(self, "ceiling", None), "limit_min": min(limits, default=None),
-                "limit_max": max(limits, default=None), "limit_last": limits[-1] if limits else None,
-                "trace": self.trace}  # [s, limit, in flight, queued]
+        return {
+            "ceiling": getattr(self, "ceiling", None),
+            "limit_min": min(limits, default=None),
+            "limit_max": max(limits, default=None),
+            "limit_last": limits[-1] if limits else None,
+            "trace": self.trace,
+        }  # [s, limit, in flight, queued]
 
 
 def engine_idle(engine_url: str, timeout_s: float) -> None:
     """Wait until the engine runs and queues nothing, so one rate's backlog does not bill the next."""
-    from helpers import procs
+    from tests.helpers import procs
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         _, text = procs.http_get(f"{engine_url}/metrics")
-        busy = sum(float(v) for v in re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\}\s+(\S+)",
-                                                text.decode(), re.MULTILINE))
+        busy = sum(
+            float(v)
+            for v in re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\}\s+(\S+)", text.decode(), re.MULTILINE)
+        )
         if busy == 0:
             return
         time.sleep(0.5)
@@ -386,9 +513,8 @@ def _nginx_relay(wanted: bool, engine_port: int, log_dir: Path) -> Iterator[str 
     if not wanted:
         yield None
         return
-    from relay import start_nginx
-
-    from helpers import procs
+    from benchmarks.relay import start_nginx
+    from tests.helpers import procs
 
     port = procs.free_port()
     proc = start_nginx(log_dir / "nginx", engine_port, port)
@@ -400,8 +526,8 @@ def _nginx_relay(wanted: bool, engine_port: int, log_dir: Path) -> Iterator[str 
 
 
 def run(args: argparse.Namespace) -> dict:
-    from helpers import procs
-    from helpers.models import stand_in_model
+    from tests.helpers import procs
+    from tests.helpers.models import stand_in_model
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of open streams at 4x
@@ -413,11 +539,15 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.log_dir or Path(tmp)  # --log-dir keeps the engine's and sidecar's logs
         log_dir.mkdir(parents=True, exist_ok=True)
-        with procs.engine(model, log_dir) as engine, \
-                procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key, extra_env=sidecar_env) as sidecar, \
-                _nginx_relay(args.nginx, engine.port, log_dir) as nginx_relay:
-            engine_auth = [(b"authorization", f"Bearer {engine.api_key}".encode()),
-                           (b"content-type", b"application/json")]
+        with (
+            procs.engine(model, log_dir) as engine,
+            procs.sidecar(engine.url, log_dir, engine_api_key=engine.api_key, extra_env=sidecar_env) as sidecar,
+            _nginx_relay(args.nginx, engine.port, log_dir) as nginx_relay,
+        ):
+            engine_auth = [
+                (b"authorization", f"Bearer {engine.api_key}".encode()),
+                (b"content-type", b"application/json"),
+            ]
             targets = {"bare vLLM": (engine.url, engine_auth)}
             if nginx_relay is not None:
                 targets["nginx relay"] = (nginx_relay, engine_auth)
@@ -427,50 +557,87 @@ def run(args: argparse.Namespace) -> dict:
             if args.capacity:
                 capacity, source = args.capacity, "given"
             else:
-                capacity = asyncio.run(closed_loop_rate(engine.url, engine_auth, args.capacity_concurrency,
-                                                        args.capacity_s, args.max_tokens))
+                capacity = asyncio.run(
+                    closed_loop_rate(
+                        engine.url, engine_auth, args.capacity_concurrency, args.capacity_s, args.max_tokens
+                    )
+                )
                 source = f"closed loop, {args.capacity_concurrency} streams, {args.capacity_s:.0f} s, bare engine"
             print(f"capacity {capacity:.2f} req/s ({source})", flush=True)
             points = []
             for i, multiple in enumerate(args.rates):
                 rate = capacity * multiple
                 names = list(targets)
-                order = names[i % len(names):] + names[:i % len(names)]  # each target leads in turn
+                order = names[i % len(names) :] + names[: i % len(names)]  # each target leads in turn
                 point = {"multiple": multiple, "offered_per_s": rate, "targets": {}}
                 for name in order:
                     engine_idle(engine.url, 120)
                     base, headers = targets[name]
                     watch = LimitWatch(sidecar.url) if name == "sidecar" else None
                     # The same arrival times for both targets; distinct prompts (no prefix-cache hits).
-                    results = asyncio.run(open_loop(base, headers, rate, args.seconds, args.drain_s,
-                                                    1000 * args.seed + i,
-                                                    1000 * args.seed + 10 * i + list(targets).index(name),
-                                                    args.max_tokens))
+                    results = asyncio.run(
+                        open_loop(
+                            base,
+                            headers,
+                            rate,
+                            args.seconds,
+                            args.drain_s,
+                            1000 * args.seed + i,
+                            1000 * args.seed + 10 * i + list(targets).index(name),
+                            args.max_tokens,
+                        )
+                    )
                     row = summarize_rate(results, args.seconds, args.ttft_slo, args.itl_slo, args.max_tokens)
                     if watch is not None:
                         row["admission"] = watch.stop()
                     point["targets"][name] = row
                     if args.raw:
-                        row["requests"] = [[r.status, r.ttft_s, r.itl_s, r.tokens, r.done, r.unfinished, r.waited_s]
-                                           for r in results]
-                    print(f"{multiple:g}x {rate:6.1f}/s {name:10} goodput {row['goodput_per_s']:5.1f}/s  "
-                          f"ttft p50 {row['ttft_p50_s'] or 0:.2f} p99 {row['ttft_p99_s'] or 0:.2f}  "
-                          f"refused {row['refused']} errors {row['errors']} unfinished {row['unfinished']} "
-                          f"of {row['sent']}"
-                          + (f"  limit {row['admission']['limit_min']:g}-{row['admission']['limit_max']:g}"
-                             if row.get("admission") and row["admission"]["limit_min"] is not None else ""),
-                          flush=True)
+                        row["requests"] = [
+                            [r.status, r.ttft_s, r.itl_s, r.tokens, r.done, r.unfinished, r.waited_s] for r in results
+                        ]
+                    print(
+                        f"{multiple:g}x {rate:6.1f}/s {name:10} goodput {row['goodput_per_s']:5.1f}/s  "
+                        f"ttft p50 {row['ttft_p50_s'] or 0:.2f} p99 {row['ttft_p99_s'] or 0:.2f}  "
+                        f"refused {row['refused']} errors {row['errors']} unfinished {row['unfinished']} "
+                        f"of {row['sent']}"
+                        + (
+                            f"  limit {row['admission']['limit_min']:g}-{row['admission']['limit_max']:g}"
+                            if row.get("admission") and row["admission"]["limit_min"] is not None
+                            else ""
+                        ),
+                        flush=True,
+                    )
                 point["targets"] = {name: point["targets"][name] for name in targets}
                 points.append(point)
-    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "unknown CPU")
-    return {"schema": SCHEMA,
-            "meta": {"label": args.label, "started_at": started, "cpus": os.cpu_count(), "cpu_model": cpu_model,
-                     "capacity_per_s": capacity, "capacity_source": source, "seconds": args.seconds,
-                     "drain_s": args.drain_s, "prompt_words": PROMPT_WORDS, "max_tokens": args.max_tokens,
-                     "ttft_slo_s": args.ttft_slo, "itl_slo_s": args.itl_slo, "seed": args.seed,
-                     "sidecar_env": sidecar_env, "engine_cache_config": cache},
-            "rates": points}
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    return {
+        "schema": SCHEMA,
+        "meta": {
+            "label": args.label,
+            "started_at": started,
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model,
+            "capacity_per_s": capacity,
+            "capacity_source": source,
+            "seconds": args.seconds,
+            "drain_s": args.drain_s,
+            "prompt_words": PROMPT_WORDS,
+            "max_tokens": args.max_tokens,
+            "ttft_slo_s": args.ttft_slo,
+            "itl_slo_s": args.itl_slo,
+            "seed": args.seed,
+            "sidecar_env": sidecar_env,
+            "engine_cache_config": cache,
+        },
+        "rates": points,
+    }
 
 
 def _floats(text: str) -> list[float]:
@@ -489,12 +656,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S)
     parser.add_argument("--itl-slo", type=float, default=ITL_SLO_S)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sidecar-env", action="append", default=[], metavar="PALMYRA_X=V",
-                        help="extra sidecar setting (repeatable); default: the sidecar's defaults")
-    parser.add_argument("--raw", action="store_true",
-                        help="keep every request's [status, ttft, itl, tokens, done, unfinished, waited] in the JSON")
-    parser.add_argument("--nginx", action="store_true",
-                        help="a third target: nginx relaying to the engine (needs nginx on PATH)")
+    parser.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="PALMYRA_X=V",
+        help="extra sidecar setting (repeatable); default: the sidecar's defaults",
+    )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="keep every request's [status, ttft, itl, tokens, done, unfinished, waited] in the JSON",
+    )
+    parser.add_argument(
+        "--nginx", action="store_true", help="a third target: nginx relaying to the engine (needs nginx on PATH)"
+    )
     parser.add_argument("--label", default="", help="a title suffix, e.g. 'baseline'")
     parser.add_argument("--name", default="goodput", help="file name stem under --out")
     parser.add_argument("--out", type=Path, default=HERE / "results")

@@ -22,9 +22,9 @@ e.g. a connection cap wide enough for the adaptive ceiling plus the queue
 (`--variant wide-cap:PALMYRA_MAX_CONNECTIONS=576`; the default 384 is 64 in flight + 256 queued + 64,
 fixed mode's numbers, while the adaptive ceiling against an engine of unknown size is 256).
 
-    python benchmarks/overload.py                                  # writes benchmarks/results/overload.{md,json}
-    python benchmarks/overload.py --slots 16 --seconds 6 --out /tmp/o   # a short smoke run
-    python benchmarks/overload.py --slots 128 --service-s 0.2 --variant wide-cap:PALMYRA_MAX_CONNECTIONS=576
+    python -m benchmarks.overload                                  # writes benchmarks/results/overload.{md,json}
+    python -m benchmarks.overload --slots 16 --seconds 6 --out /tmp/o   # a short smoke run
+    python -m benchmarks.overload --slots 128 --service-s 0.2 --variant wide-cap:PALMYRA_MAX_CONNECTIONS=576
 """
 
 from __future__ import annotations
@@ -44,20 +44,21 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks import goodput  # its open-loop client, capacity measurement and per-rate summary
+from tests.helpers import procs
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-for extra in (REPO / "service", REPO / "tests"):  # this tree's package and test helpers first
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
-import goodput  # noqa: E402  (its open-loop client, capacity measurement and per-rate summary)
-
-from helpers import procs  # noqa: E402
 
 SCHEMA = "palmyra-overload/1"
 TOKENS = 64
-COUNTERS = ("palmyra_rejections_total", "palmyra_admission_faults_total", "palmyra_internal_errors_total",
-            "palmyra_upstream_errors_total", "palmyra_connections_reclaimed_total")
+COUNTERS = (
+    "palmyra_rejections_total",
+    "palmyra_admission_faults_total",
+    "palmyra_internal_errors_total",
+    "palmyra_upstream_errors_total",
+    "palmyra_connections_reclaimed_total",
+)
 HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -105,7 +106,7 @@ def tracebacks(log: str) -> int:
 def run(args: argparse.Namespace, log_dir: Path) -> dict:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the bare engine's backlog above 1× is open streams
-    variants = {"sidecar": {}}
+    variants: dict[str, dict[str, str]] = {"sidecar": {}}
     for spec in args.variant:
         name, _, settings = spec.partition(":")
         variants[f"sidecar {name}"] = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
@@ -114,25 +115,37 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
         engine = stack.enter_context(procs.fake_engine(log_dir))
         # The engine's shape is set before any sidecar starts: warmup meets the same engine as the load.
         control = {"max_running": args.slots, "first_delay_s": args.service_s, "one_write": True}
-        urllib.request.urlopen(urllib.request.Request(f"{engine.url}/fake/control", data=json.dumps(control).encode(),
-                                                      headers={"content-type": "application/json"}), timeout=5).read()
-        sidecars = {name: stack.enter_context(procs.sidecar(engine.url, log_dir, extra_env=env))
-                    for name, env in variants.items()}
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{engine.url}/fake/control",
+                data=json.dumps(control).encode(),
+                headers={"content-type": "application/json"},
+            ),
+            timeout=5,
+        ).read()
+        sidecars = {
+            name: stack.enter_context(procs.sidecar(engine.url, log_dir, extra_env=env))
+            for name, env in variants.items()
+        }
         targets = {"bare engine": engine.url, **{name: sc.url for name, sc in sidecars.items()}}
         ceilings = {name: gauge(sc.url, "palmyra_concurrency_ceiling") for name, sc in sidecars.items()}
         if args.capacity:
             capacity, source = args.capacity, "given"
         else:
-            capacity = asyncio.run(goodput.closed_loop_rate(engine.url, HEADERS, 2 * args.slots, args.capacity_s,
-                                                            TOKENS))
+            capacity = asyncio.run(
+                goodput.closed_loop_rate(engine.url, HEADERS, 2 * args.slots, args.capacity_s, TOKENS)
+            )
             source = f"closed loop, {2 * args.slots} streams, {args.capacity_s:.0f} s, bare engine"
-        print(f"capacity {capacity:.1f} req/s ({source}; {args.slots} slots / {args.service_s} s = "
-              f"{args.slots / args.service_s:.0f} by construction)", flush=True)
+        print(
+            f"capacity {capacity:.1f} req/s ({source}; {args.slots} slots / {args.service_s} s = "
+            f"{args.slots / args.service_s:.0f} by construction)",
+            flush=True,
+        )
         points = []
         for i, multiple in enumerate(args.rates):
             rate = capacity * multiple
             names = list(targets)
-            order = names[i % len(names):] + names[:i % len(names)]  # each target leads in turn
+            order = names[i % len(names) :] + names[: i % len(names)]  # each target leads in turn
             point = {"multiple": multiple, "offered_per_s": rate, "targets": {}}
             for name in order:
                 engine_idle(engine.url, 60)
@@ -141,35 +154,73 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
                 before = counters(base) if sidecar else {}
                 engine_before = engine_stats(engine.url)
                 watch = goodput.LimitWatch(base) if sidecar else None
-                results = asyncio.run(goodput.open_loop(base, HEADERS, rate, args.seconds, args.drain_s,
-                                                        1000 * args.seed + i, 1000 * args.seed + 10 * i, TOKENS))
+                results = asyncio.run(
+                    goodput.open_loop(
+                        base,
+                        HEADERS,
+                        rate,
+                        args.seconds,
+                        args.drain_s,
+                        1000 * args.seed + i,
+                        1000 * args.seed + 10 * i,
+                        TOKENS,
+                    )
+                )
                 row = goodput.summarize_rate(results, args.seconds, tokens=TOKENS)
                 row["statuses"] = dict(sorted(collections.Counter(str(r.status) for r in results).items()))
                 row["client_errors"] = sum(r.status is None and r.error is not None for r in results)
                 row["engine_aborted"] = engine_stats(engine.url)["aborted"] - engine_before["aborted"]
-                if sidecar:
+                if watch is not None:
                     row["admission"] = watch.stop()
                     row["counters"] = delta(before, counters(base))
                 point["targets"][name] = row
                 limit = row.get("admission", {})
-                print(f"{multiple:g}x {rate:7.1f}/s {name:18} goodput {row['goodput_per_s']:7.1f}/s  "
-                      f"ttft p50 {1000 * (row['ttft_p50_s'] or 0):7.1f} p99 {1000 * (row['ttft_p99_s'] or 0):7.1f} ms  "
-                      f"statuses {row['statuses']}  cut {row['errors']} unfinished {row['unfinished']}"
-                      + (f"  limit {limit['limit_min']:g}-{limit['limit_max']:g}" if limit.get("limit_min") else "")
-                      + (f"  {row['counters']}" if row.get("counters") else ""), flush=True)
+                print(
+                    f"{multiple:g}x {rate:7.1f}/s {name:18} goodput {row['goodput_per_s']:7.1f}/s  "
+                    f"ttft p50 {1000 * (row['ttft_p50_s'] or 0):7.1f} p99 {1000 * (row['ttft_p99_s'] or 0):7.1f} ms  "
+                    f"statuses {row['statuses']}  cut {row['errors']} unfinished {row['unfinished']}"
+                    + (f"  limit {limit['limit_min']:g}-{limit['limit_max']:g}" if limit.get("limit_min") else "")
+                    + (f"  {row['counters']}" if row.get("counters") else ""),
+                    flush=True,
+                )
             point["targets"] = {name: point["targets"][name] for name in targets}
             points.append(point)
         logs = {name: sc.log() for name, sc in sidecars.items()}
-    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "unknown CPU")
-    doc = {"schema": SCHEMA,
-           "meta": {"started_at": started, "cpus": os.cpu_count(), "cpu_model": cpu_model, "slots": args.slots,
-                    "service_s": args.service_s, "tokens": TOKENS, "capacity_per_s": capacity,
-                    "capacity_source": source, "seconds": args.seconds, "drain_s": args.drain_s,
-                    "ttft_slo_s": goodput.TTFT_SLO_S, "itl_slo_s": goodput.ITL_SLO_S, "seed": args.seed,
-                    "sidecars": {name: {"settings": variants[name] or "defaults", "ceiling": ceilings[name],
-                                        "log_tracebacks": tracebacks(logs[name])} for name in sidecars}},
-           "rates": points}
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    doc = {
+        "schema": SCHEMA,
+        "meta": {
+            "started_at": started,
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model,
+            "slots": args.slots,
+            "service_s": args.service_s,
+            "tokens": TOKENS,
+            "capacity_per_s": capacity,
+            "capacity_source": source,
+            "seconds": args.seconds,
+            "drain_s": args.drain_s,
+            "ttft_slo_s": goodput.TTFT_SLO_S,
+            "itl_slo_s": goodput.ITL_SLO_S,
+            "seed": args.seed,
+            "sidecars": {
+                name: {
+                    "settings": variants[name] or "defaults",
+                    "ceiling": ceilings[name],
+                    "log_tracebacks": tracebacks(logs[name]),
+                }
+                for name in sidecars
+            },
+        },
+        "rates": points,
+    }
     doc["checks"] = checks(doc)
     return doc
 
@@ -184,55 +235,87 @@ def checks(doc: dict) -> list[dict]:
                 continue
             at = f"{point['multiple']:g}× {name}"
             c = row.get("counters", {})
-            faults = sum(v for k, v in c.items()
-                         if k.startswith(("palmyra_admission_faults", "palmyra_internal_errors")))
+            faults = sum(
+                v for k, v in c.items() if k.startswith(("palmyra_admission_faults", "palmyra_internal_errors"))
+            )
             if point["multiple"] <= 1:
                 added = [1000 * ((row[k] or 0) - (bare[k] or 0)) for k in ("ttft_p50_s", "ttft_p99_s")]
-                out.append({"what": f"{at}: nothing refused, nothing cut", "ok": row["refused"] == 0
-                            and row["errors"] == 0 and row["unfinished"] == 0 and row["client_errors"] == 0
-                            and faults == 0,
-                            "detail": f"statuses {row['statuses']}, cut {row['errors']}, unfinished "
-                                      f"{row['unfinished']}; TTFT added p50 {added[0]:+.1f} ms, "
-                                      f"p99 {added[1]:+.1f} ms"})
+                out.append(
+                    {
+                        "what": f"{at}: nothing refused, nothing cut",
+                        "ok": row["refused"] == 0
+                        and row["errors"] == 0
+                        and row["unfinished"] == 0
+                        and row["client_errors"] == 0
+                        and faults == 0,
+                        "detail": f"statuses {row['statuses']}, cut {row['errors']}, unfinished "
+                        f"{row['unfinished']}; TTFT added p50 {added[0]:+.1f} ms, "
+                        f"p99 {added[1]:+.1f} ms",
+                    }
+                )
             else:
                 statuses = set(row["statuses"])
-                out.append({"what": f"{at}: the excess refused with 429 only, nothing admitted cut, no fault",
-                            "ok": row["refused"] > 0 and statuses <= {"200", "429"} and row["errors"] == 0
-                            and row["unfinished"] == 0 and row["client_errors"] == 0 and faults == 0
-                            and bool(row["retry_after"]),
-                            "detail": f"statuses {row['statuses']}, cut {row['errors']}, unfinished "
-                                      f"{row['unfinished']}, client errors {row['client_errors']}, "
-                                      f"Retry-After {row['retry_after']}, counters {c or '{}'}, "
-                                      f"admitted good {row['good']} of {row['completed']}"})
+                out.append(
+                    {
+                        "what": f"{at}: the excess refused with 429 only, nothing admitted cut, no fault",
+                        "ok": row["refused"] > 0
+                        and statuses <= {"200", "429"}
+                        and row["errors"] == 0
+                        and row["unfinished"] == 0
+                        and row["client_errors"] == 0
+                        and faults == 0
+                        and bool(row["retry_after"]),
+                        "detail": f"statuses {row['statuses']}, cut {row['errors']}, unfinished "
+                        f"{row['unfinished']}, client errors {row['client_errors']}, "
+                        f"Retry-After {row['retry_after']}, counters {c or '{}'}, "
+                        f"admitted good {row['good']} of {row['completed']}",
+                    }
+                )
     for name, meta in doc["meta"]["sidecars"].items():
-        out.append({"what": f"{name}: no traceback in its log", "ok": meta["log_tracebacks"] == 0,
-                    "detail": f"{meta['log_tracebacks']} tracebacks"})
+        out.append(
+            {
+                "what": f"{name}: no traceback in its log",
+                "ok": meta["log_tracebacks"] == 0,
+                "detail": f"{meta['log_tracebacks']} tracebacks",
+            }
+        )
     return out
 
 
 def markdown(doc: dict) -> str:
     meta = doc["meta"]
     sidecars = "; ".join(f"{name}: {m['settings']}, ceiling {m['ceiling']}" for name, m in meta["sidecars"].items())
-    lines = ["# Overload against a fast engine", "",
-             (f"{meta['started_at']}, {meta['cpus']} cores, {meta['cpu_model']}. Fake engine: {meta['slots']} "
-              f"generations at once, each {meta['service_s']} s, {meta['tokens']} token events in one write, the "
-              f"rest waiting in the engine. Capacity (1×) = {meta['capacity_per_s']:.1f} req/s "
-              f"({meta['capacity_source']}). Open-loop Poisson arrivals, {meta['seconds']:.0f} s per rate; "
-              f"still open {meta['drain_s']:.0f} s after arrivals stopped = unfinished, cancelled. "
-              f"Sidecars ({sidecars})."),
-             "",
-             "| offered | target | goodput /s | TTFT p50 / p99 ms | statuses | cut | unfinished | limit | counters |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Overload against a fast engine",
+        "",
+        (
+            f"{meta['started_at']}, {meta['cpus']} cores, {meta['cpu_model']}. Fake engine: {meta['slots']} "
+            f"generations at once, each {meta['service_s']} s, {meta['tokens']} token events in one write, the "
+            f"rest waiting in the engine. Capacity (1×) = {meta['capacity_per_s']:.1f} req/s "
+            f"({meta['capacity_source']}). Open-loop Poisson arrivals, {meta['seconds']:.0f} s per rate; "
+            f"still open {meta['drain_s']:.0f} s after arrivals stopped = unfinished, cancelled. "
+            f"Sidecars ({sidecars})."
+        ),
+        "",
+        "| offered | target | goodput /s | TTFT p50 / p99 ms | statuses | cut | unfinished | limit | counters |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for point in doc["rates"]:
         for name, row in point["targets"].items():
             adm = row.get("admission") or {}
             limit = f"{adm['limit_min']:g}–{adm['limit_max']:g}" if adm.get("limit_min") is not None else "—"
-            ttft = " / ".join("—" if row[k] is None else f"{'≥' if row[k.removesuffix('_s') + '_lower_bound'] else ''}"
-                              f"{1000 * row[k]:.1f}" for k in ("ttft_p50_s", "ttft_p99_s"))
+            ttft = " / ".join(
+                "—"
+                if row[k] is None
+                else f"{'≥' if row[k.removesuffix('_s') + '_lower_bound'] else ''}{1000 * row[k]:.1f}"
+                for k in ("ttft_p50_s", "ttft_p99_s")
+            )
             counters_text = ", ".join(f"{k} {v:g}" for k, v in row.get("counters", {}).items()) or "—"
-            lines.append(f"| {point['offered_per_s']:.0f}/s ({point['multiple']:g}×) | {name} "
-                         f"| {row['goodput_per_s']:.1f} | {ttft} | {row['statuses']} | {row['errors']} "
-                         f"| {row['unfinished']} | {limit} | {counters_text} |")
+            lines.append(
+                f"| {point['offered_per_s']:.0f}/s ({point['multiple']:g}×) | {name} "
+                f"| {row['goodput_per_s']:.1f} | {ttft} | {row['statuses']} | {row['errors']} "
+                f"| {row['unfinished']} | {limit} | {counters_text} |"
+            )
     lines += ["", "Checks:", ""]
     lines += [f"- {'met' if c['ok'] else '**not met**'}: {c['what']} ({c['detail']})" for c in doc["checks"]]
     return "\n".join(lines) + "\n"
@@ -242,15 +325,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=64, help="generations the fake engine runs at once")
     parser.add_argument("--service-s", type=float, default=0.2, help="how long one generation takes once started")
-    parser.add_argument("--rates", type=goodput._floats, default=goodput._floats("0.5,1,2"),
-                        help="multiples of capacity")
+    parser.add_argument(
+        "--rates", type=goodput._floats, default=goodput._floats("0.5,1,2"), help="multiples of capacity"
+    )
     parser.add_argument("--seconds", type=float, default=15.0, help="arrivals per rate and target (s)")
     parser.add_argument("--drain-s", type=float, default=5.0, help="wait after arrivals stop before cancelling")
     parser.add_argument("--capacity", type=float, default=None, help="1x in req/s (default: measure it)")
     parser.add_argument("--capacity-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:PALMYRA_X=V,...",
-                        help="one more sidecar target with these settings (repeatable)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:PALMYRA_X=V,...",
+        help="one more sidecar target with these settings (repeatable)",
+    )
     parser.add_argument("--name", default="overload", help="file name stem under --out")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the engine's and sidecars' logs here")

@@ -10,12 +10,12 @@ cannot run, `--load lean` counts requests/s with that lean client instead (close
 over a few processes), and `--targets direct,sidecar` leaves nginx out.
 
 Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through nginx vs through the
-sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first request after /ready against the
-steady-state p50 (warmup must have removed the cold start).
+sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first
+request after /ready against the steady-state p50 (warmup must have removed the cold start).
 
-    python benchmarks/relay.py                 # both workloads, writes benchmarks/results/relay.{md,json}
-    python benchmarks/relay.py --workload A    # only the fake-engine relay
-    python benchmarks/relay.py --workload A --concurrency 1,32,256,1024 --load lean --targets direct,sidecar
+    python -m benchmarks.relay                 # both workloads, writes benchmarks/results/relay.{md,json}
+    python -m benchmarks.relay --workload A    # only the fake-engine relay
+    python -m benchmarks.relay --workload A --concurrency 1,32,256,1024 --load lean --targets direct,sidecar
 Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH, unless --load lean and no nginx target.
 """
 
@@ -35,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import procs  # the test helpers start and stop the real processes
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
 
 API_KEY = "bench-key"
 BODY = json.dumps({"model": "palmyra-mini", "prompt": "hi", "max_tokens": 64, "stream": True})
@@ -84,20 +84,47 @@ def cpu_seconds(pids: list[int]) -> float:
 def start_nginx(nginx_dir: Path, engine_port: int, port: int) -> subprocess.Popen:
     nginx_dir.mkdir()
     (nginx_dir / "nginx.conf").write_text(NGINX_CONF.format(dir=nginx_dir, engine_port=engine_port, port=port))
-    return procs.spawn(["nginx", "-c", str(nginx_dir / "nginx.conf"), "-g", "daemon off;"],
-                       nginx_dir.parent / "nginx.log", {})
+    return procs.spawn(
+        ["nginx", "-c", str(nginx_dir / "nginx.conf"), "-g", "daemon off;"], nginx_dir.parent / "nginx.log", {}
+    )
+
+
+def _wrk_field(pattern: str, text: str) -> str:
+    m = re.search(pattern, text)
+    if m is None:
+        raise RuntimeError(f"no {pattern!r} in wrk's output:\n{text}")
+    return m.group(1)
 
 
 def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
-    out = subprocess.run(["wrk", "-t", "1" if conns < 2 else "2", "-c", str(conns), "-d", f"{seconds}s",
-                          "--latency", "-s", str(lua), url], capture_output=True, text=True, timeout=seconds + 60)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t",
+            "1" if conns < 2 else "2",
+            "-c",
+            str(conns),
+            "-d",
+            f"{seconds}s",
+            "--latency",
+            "-s",
+            str(lua),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
     text = out.stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    rps = float(_wrk_field(r"Requests/sec:\s+([\d.]+)", text))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     socket_errors = re.search(r"Socket errors: (.*)", text)
-    return {"rps": rps, "non_2xx": int(errors.group(1)) if errors else 0,
-            "socket_errors": socket_errors.group(1) if socket_errors else None,
-            "requests": int(re.search(r"(\d+) requests in", text).group(1))}
+    return {
+        "rps": rps,
+        "non_2xx": int(errors.group(1)) if errors else 0,
+        "socket_errors": socket_errors.group(1) if socket_errors else None,
+        "requests": int(_wrk_field(r"(\d+) requests in", text)),
+    }
 
 
 async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
@@ -109,7 +136,7 @@ async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
     pool = EnginePool(base, 5, 60)
     headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
     body = BODY.encode()
-    counts = {"requests": 0, "non_2xx": 0, "errors": 0}
+    counts: dict[str, float] = {"requests": 0, "non_2xx": 0, "errors": 0}
     loop = asyncio.get_running_loop()
     stop_at = 0.0
 
@@ -128,6 +155,7 @@ async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
     async def worker() -> None:
         while loop.time() < stop_at:
             await one()
+
     await asyncio.gather(*(one() for _ in range(conns)))  # every connection opened and warm
     counts["requests"] = counts["non_2xx"] = counts["errors"] = 0
     t0 = loop.time()
@@ -154,9 +182,13 @@ def run_lean(url: str, conns: int, seconds: int) -> dict:
         with multiprocessing.get_context("fork").Pool(procs_n) as pool:
             parts = pool.map(_lean_process, [(base, share, seconds) for share in shares])
     requests = sum(p["requests"] for p in parts)
-    return {"rps": requests / max(p["wall_s"] for p in parts), "requests": requests,
-            "non_2xx": sum(p["non_2xx"] for p in parts),
-            "socket_errors": f"errors {sum(p['errors'] for p in parts)}", "client_processes": procs_n}
+    return {
+        "rps": requests / max(p["wall_s"] for p in parts),
+        "requests": requests,
+        "non_2xx": sum(p["non_2xx"] for p in parts),
+        "socket_errors": f"errors {sum(p['errors'] for p in parts)}",
+        "client_processes": procs_n,
+    }
 
 
 async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> float:
@@ -189,6 +221,7 @@ async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> f
         while remaining > 0:
             remaining -= 1
             await one(record=True)
+
     await asyncio.gather(*(worker() for _ in range(conns)))
     pool.close()
     return events / total
@@ -204,14 +237,23 @@ def ttft_rounds(urls: dict[str, str], conns: int, rounds: int) -> dict[str, dict
     out = {}
     for name, ttfts in samples.items():
         ttfts.sort()
-        out[name] = {"ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
-                     "ttft_p99_ms": 1000 * ttfts[int(len(ttfts) * 0.99) - 1],
-                     "ttft_samples": len(ttfts), "chunks_per_request": chunks[name]}
+        out[name] = {
+            "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
+            "ttft_p99_ms": 1000 * ttfts[int(len(ttfts) * 0.99) - 1],
+            "ttft_samples": len(ttfts),
+            "chunks_per_request": chunks[name],
+        }
     return out
 
 
-def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_rounds_n: int = 5,
-               load: str = "wrk", names: tuple[str, ...] = ("direct", "nginx", "sidecar")) -> dict:
+def workload_a(
+    seconds: int,
+    concurrencies: list[int],
+    log_dir: Path,
+    ttft_rounds_n: int = 5,
+    load: str = "wrk",
+    names: tuple[str, ...] = ("direct", "nginx", "sidecar"),
+) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
     lua.write_text(WRK_LUA.format(body=BODY, key=API_KEY))
@@ -227,10 +269,15 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_round
         # no capacity), so nothing may be refused; the connection cap is what that limit and the
         # queue need plus its 64 spare.
         in_flight = max(256, *concurrencies)
-        env = {"PALMYRA_API_KEYS": API_KEY, "PALMYRA_ADMISSION_MODE": "fixed",
-               "PALMYRA_MAX_IN_FLIGHT": str(in_flight), "PALMYRA_MAX_QUEUE": "256",
-               "PALMYRA_MAX_CONNECTIONS": str(in_flight + 256 + 64),
-               "PALMYRA_LOG_LEVEL": "info", "PALMYRA_CANARY_INTERVAL_S": "3600"}
+        env = {
+            "PALMYRA_API_KEYS": API_KEY,
+            "PALMYRA_ADMISSION_MODE": "fixed",
+            "PALMYRA_MAX_IN_FLIGHT": str(in_flight),
+            "PALMYRA_MAX_QUEUE": "256",
+            "PALMYRA_MAX_CONNECTIONS": str(in_flight + 256 + 64),
+            "PALMYRA_LOG_LEVEL": "info",
+            "PALMYRA_CANARY_INTERVAL_S": "3600",
+        }
         with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
             import psutil
 
@@ -249,16 +296,24 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_round
                     wrk = run_wrk(url, conns, seconds, lua) if load == "wrk" else run_lean(url, conns, seconds)
                     cpu = cpu_seconds(pids) - cpu0
                     results["targets"][name][str(conns)] = {
-                        **wrk, "chunks_per_s": wrk["rps"] * 64,
-                        "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"])}
-                probes = ttft_rounds({name: url.removesuffix("/v1/completions") for name, (url, _) in targets.items()},
-                                     conns, ttft_rounds_n)
+                        **wrk,
+                        "chunks_per_s": wrk["rps"] * 64,
+                        "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"]),
+                    }
+                probes = ttft_rounds(
+                    {name: url.removesuffix("/v1/completions") for name, (url, _) in targets.items()},
+                    conns,
+                    ttft_rounds_n,
+                )
                 for name in targets:
                     row = results["targets"][name][str(conns)]
                     row.update(probes[name])
-                    print(f"A c={conns:<4} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
-                          f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
-                          f"  non2xx {row['non_2xx']}", flush=True)
+                    print(
+                        f"A c={conns:<4} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
+                        f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
+                        f"  non2xx {row['non_2xx']}",
+                        flush=True,
+                    )
     finally:
         if nginx is not None:
             procs.stop(nginx, timeout_s=5)
@@ -266,16 +321,25 @@ def workload_a(seconds: int, concurrencies: list[int], log_dir: Path, ttft_round
     return results
 
 
-async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: int,
-                        max_tokens: int) -> tuple[int, float, list[float]]:
+async def stream_tokens(
+    base: str, headers: list[tuple[bytes, bytes]], streams: int, max_tokens: int
+) -> tuple[int, float, list[float]]:
     """Tokens received, wall time and per-request latencies of `streams` concurrent streamed
     completions. The client is the sidecar's own lean pool, the same for every target, so the
     benchmark's load generator takes as little CPU from the engine as it can."""
     from palmyra_serve.sidecar.upstream.pool import EnginePool
 
-    body = json.dumps({"model": "palmyra-mini", "prompt": [9707] * 16, "max_tokens": max_tokens, "ignore_eos": True,
-                       "stream": True, "temperature": 0}).encode()
-    headers = headers + [(b"content-type", b"application/json")]
+    body = json.dumps(
+        {
+            "model": "palmyra-mini",
+            "prompt": [9707] * 16,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+        }
+    ).encode()
+    headers = [*headers, (b"content-type", b"application/json")]
     pool = EnginePool(base, 10, 600)
     latencies: list[float] = []
     tokens = 0
@@ -289,6 +353,7 @@ async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: 
             tokens += data.count(b'"text"')
         resp.release()
         latencies.append(time.perf_counter() - t0)
+
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(streams)))
     wall = time.perf_counter() - t0
@@ -297,7 +362,7 @@ async def stream_tokens(base: str, headers: list[tuple[bytes, bytes]], streams: 
 
 
 def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
-    from helpers.models import stand_in_model
+    from tests.helpers.models import stand_in_model
 
     model = stand_in_model("tiny")
     results: dict = {"streams": {}, "cold_start": {}}
@@ -311,18 +376,26 @@ def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
                 # First request after /ready: the one a real client would be unlucky enough to send.
                 _, first_wall, _ = asyncio.run(stream_tokens(sidecar.url, [], 1, max_tokens))
                 steady = [asyncio.run(stream_tokens(sidecar.url, [], 1, max_tokens))[1] for _ in range(7)]
-                results["cold_start"] = {"first_after_ready_s": first_wall, "steady_p50_s": statistics.median(steady),
-                                         "ratio": first_wall / statistics.median(steady)}
-                print(f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
-                      flush=True)
-                targets = (("direct", engine.url, engine_auth), ("nginx", f"http://127.0.0.1:{nginx_port}", engine_auth),
-                           ("sidecar", sidecar.url, []))
+                results["cold_start"] = {
+                    "first_after_ready_s": first_wall,
+                    "steady_p50_s": statistics.median(steady),
+                    "ratio": first_wall / statistics.median(steady),
+                }
+                print(
+                    f"B first request after /ready {first_wall:.3f} s vs steady p50 {statistics.median(steady):.3f} s",
+                    flush=True,
+                )
+                targets: tuple[tuple[str, str, list[tuple[bytes, bytes]]], ...] = (
+                    ("direct", engine.url, engine_auth),
+                    ("nginx", f"http://127.0.0.1:{nginx_port}", engine_auth),
+                    ("sidecar", sidecar.url, []),
+                )
                 for streams in (1, 16):
                     totals = {name: [0, 0.0] for name, _, _ in targets}
                     for r in range(rounds):
                         # Alternating rounds, the order rotated each round: drift and position in the
                         # round hit every target alike.
-                        for name, base, headers in targets[r % 3:] + targets[:r % 3]:
+                        for name, base, headers in targets[r % 3 :] + targets[: r % 3]:
                             tokens, wall, _ = asyncio.run(stream_tokens(base, headers, streams, max_tokens))
                             totals[name][0] += tokens
                             totals[name][1] += wall
@@ -330,9 +403,11 @@ def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
                     row["ratio"] = row["sidecar"] / row["direct"]
                     row["nginx_ratio"] = row["nginx"] / row["direct"]
                     results["streams"][str(streams)] = row
-                    print(f"B {streams:>2} streams: direct {row['direct']:.1f} tok/s, nginx {row['nginx']:.1f} "
-                          f"({100 * row['nginx_ratio']:.1f}%), sidecar {row['sidecar']:.1f} ({100 * row['ratio']:.1f}%)",
-                          flush=True)
+                    print(
+                        f"B {streams:>2} streams: direct {row['direct']:.1f} tok/s, nginx {row['nginx']:.1f} "
+                        f"({100 * row['nginx_ratio']:.1f}%), sidecar {row['sidecar']:.1f} ({100 * row['ratio']:.1f}%)",
+                        flush=True,
+                    )
         finally:
             procs.stop(nginx, timeout_s=5)
     return results
@@ -343,51 +418,80 @@ def report(a: dict | None, b: dict | None) -> str:
     if a:
         t = a["targets"]
         names = [name for name in ("direct", "nginx", "sidecar") if name in t]
-        lines += ["## Workload A: fast fake engine, 64 SSE chunks per request", "",
-                  "Requests/s from " + ("wrk." if a.get("load", "wrk") == "wrk"
-                                        else "the lean asyncio client (closed loop)."),
-                  "",
-                  "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms | proxy CPU s / 1000 req |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Workload A: fast fake engine, 64 SSE chunks per request",
+            "",
+            "Requests/s from "
+            + ("wrk." if a.get("load", "wrk") == "wrk" else "the lean asyncio client (closed loop)."),
+            "",
+            "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms"
+            " | proxy CPU s / 1000 req |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for c in a["concurrency"]:
             direct = t["direct"][str(c)]["rps"]
             for name in names:
                 r = t[name][str(c)]
                 cpu = "—" if name == "direct" else f"{r['proxy_cpu_s_per_1000']:.3f}"
-                lines.append(f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
-                             f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |")
+                lines.append(
+                    f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
+                    f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |"
+                )
         cs = [c for c in a["concurrency"]]
         s, n, d = t["sidecar"], t.get("nginx"), t["direct"]
         lines += ["", "Targets:", ""]
         for c in (x for x in cs if x >= 32):
-            lines.append(f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)")
+            lines.append(
+                f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)"
+            )
         if 1 in cs:
-            lines.append(f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms "
-                         f"(target ≤ 0.3 ms)")
+            lines.append(
+                f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms "
+                f"(target ≤ 0.3 ms)"
+            )
         if 32 in cs and n:
-            lines.append(f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's "
-                         f"(target ≤ 1.5×)")
+            lines.append(
+                f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's "
+                f"(target ≤ 1.5×)"
+            )
         for c in cs if n else ():
-            lines.append(f"- CPU per relayed request at {c} streams: "
-                         f"{s[str(c)]['proxy_cpu_s_per_1000'] / n[str(c)]['proxy_cpu_s_per_1000']:.1f}× nginx's "
-                         f"(target ≤ 5×)")
+            lines.append(
+                f"- CPU per relayed request at {c} streams: "
+                f"{s[str(c)]['proxy_cpu_s_per_1000'] / n[str(c)]['proxy_cpu_s_per_1000']:.1f}× nginx's "
+                f"(target ≤ 5×)"
+            )
         lines.append("")
     if b:
-        lines += ["## Workload B: real vLLM CPU engine, tiny stand-in", "",
-                  "| streams | direct tok/s | through nginx tok/s | nginx ratio | through sidecar tok/s | sidecar ratio |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## Workload B: real vLLM CPU engine, tiny stand-in",
+            "",
+            "| streams | direct tok/s | through nginx tok/s | nginx ratio | through sidecar tok/s | sidecar ratio |",
+            "|---|---|---|---|---|---|",
+        ]
         for streams, row in b["streams"].items():
-            lines.append(f"| {streams} | {row['direct']:.1f} | {row['nginx']:.1f} | {100 * row['nginx_ratio']:.1f}% "
-                         f"| {row['sidecar']:.1f} | {100 * row['ratio']:.1f}% |")
+            lines.append(
+                f"| {streams} | {row['direct']:.1f} | {row['nginx']:.1f} | {100 * row['nginx_ratio']:.1f}% "
+                f"| {row['sidecar']:.1f} | {100 * row['ratio']:.1f}% |"
+            )
         cold = b["cold_start"]
-        lines += ["", f"First request after /ready: {cold['first_after_ready_s']:.3f} s; steady-state p50 "
-                      f"{cold['steady_p50_s']:.3f} s; ratio {cold['ratio']:.2f} (target ≤ 1.2).", ""]
+        lines += [
+            "",
+            f"First request after /ready: {cold['first_after_ready_s']:.3f} s; steady-state p50 "
+            f"{cold['steady_p50_s']:.3f} s; ratio {cold['ratio']:.2f} (target ≤ 1.2).",
+            "",
+        ]
     return "\n".join(lines)
 
 
 def platform_line() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU")
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     return model
 
 
@@ -396,8 +500,12 @@ def main() -> int:
     parser.add_argument("--workload", choices=["A", "B", "all"], default="all")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
     parser.add_argument("--concurrency", default="1,32,256")
-    parser.add_argument("--load", choices=["wrk", "lean"], default="wrk",
-                        help="workload A's requests/s: wrk, or the lean asyncio client where wrk cannot run")
+    parser.add_argument(
+        "--load",
+        choices=["wrk", "lean"],
+        default="wrk",
+        help="workload A's requests/s: wrk, or the lean asyncio client where wrk cannot run",
+    )
     parser.add_argument("--targets", default="direct,nginx,sidecar", help="workload A: which of direct,nginx,sidecar")
     parser.add_argument("--ttft-rounds", type=int, default=5, help="workload A: alternating TTFT rounds per point")
     parser.add_argument("--rounds", type=int, default=6, help="workload B: alternating rounds per point")
@@ -418,8 +526,13 @@ def main() -> int:
             sys.exit(f"{tool} not found: apt-get install wrk nginx-light")
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp)
-        a = workload_a(args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir, args.ttft_rounds,
-                       args.load, names) if args.workload in ("A", "all") else None
+        a = (
+            workload_a(
+                args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir, args.ttft_rounds, args.load, names
+            )
+            if args.workload in ("A", "all")
+            else None
+        )
         b = workload_b(args.rounds, args.max_tokens, log_dir) if args.workload in ("B", "all") else None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "relay.json").write_text(json.dumps({"A": a, "B": b}, indent=2))

@@ -6,20 +6,20 @@ usage key (wrong on split markers, text containing the marker, n>1 and split usa
 "after" is SseAccount.feed on the same reads. Both are timed per read (the unit the relay handles),
 in CPU time of this process (the machine may be shared), the median of 7 runs of 2000 rounds.
 
-    python benchmarks/sse_accounting.py        # prints a table; nothing is written
+    python -m benchmarks.sse_accounting        # from the repository root; prints a table, writes nothing
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "service"))
 from palmyra_serve.sidecar.relay.sse import SseAccount
+
+HERE = Path(__file__).resolve().parent
 
 RECORDED = HERE.parent / "tests" / "unit" / "data" / "vllm-sse.json"
 ROUNDS = 2000
@@ -43,7 +43,7 @@ def after(reads: list[bytes]) -> int:
     return acc.completion_tokens()
 
 
-def ns_per_read(fn, reads: list[bytes]) -> float:
+def ns_per_read(fn: Callable[[list[bytes]], int], reads: list[bytes]) -> float:
     samples = []
     for _ in range(7):
         t0 = time.process_time_ns()  # CPU time: what the relay pays, whatever else runs beside it
@@ -55,12 +55,16 @@ def ns_per_read(fn, reads: list[bytes]) -> float:
 
 def main() -> None:
     cases = json.loads(RECORDED.read_text())["cases"]
-    print(f"{'stream':28} {'reads':>5} {'events':>6} {'before ns/read':>15} {'after ns/read':>14} {'after ns/event':>15}")
+    print(
+        f"{'stream':28} {'reads':>5} {'events':>6} {'before ns/read':>15} {'after ns/read':>14} {'after ns/event':>15}"
+    )
     for case in cases:
         reads = [r.encode("latin-1") for r in case["reads"]]
         events = b"".join(reads).count(b"\n\n")
         old, new = ns_per_read(before, reads), ns_per_read(after, reads)
-        print(f"{case['name']:28} {len(reads):5d} {events:6d} {old:15.0f} {new:14.0f} {new * len(reads) / events:15.0f}")
+        print(
+            f"{case['name']:28} {len(reads):5d} {events:6d} {old:15.0f} {new:14.0f} {new * len(reads) / events:15.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ The phases come from three places: the engine log (lines stamped with this scrip
 they appear: engine core started, weights loaded, init done (profile + compile + KV cache), HTTP
 server up), vLLM's own "took" figures, and the sidecar's palmyra_startup_phase_seconds.
 
-    python benchmarks/startup.py --size tiny --reps 3       # merges into benchmarks/results/startup.json
-    python benchmarks/startup.py --size full --reps 2
-    python benchmarks/startup.py --report                   # rewrite startup.md from the json
+    python -m benchmarks.startup --size tiny --reps 3       # merges into benchmarks/results/startup.json
+    python -m benchmarks.startup --size full --reps 2
+    python -m benchmarks.startup --report                   # rewrite startup.md from the json
+(from the repository root: the test helpers it runs the processes with import as `tests.helpers`).
 Settings are the CPU deployment's (k8s base + cpu overlay): max-model-len 8192, KV cache 2 GiB,
 bf16, torch.compile on. Run it alone (flock /tmp/palmyra-heavy.lock ...): two cores.
 """
@@ -38,17 +39,16 @@ import platform
 import re
 import shutil
 import statistics
-import sys
 import threading
 import time
 from importlib import metadata
 from pathlib import Path
 
+from palmyra_serve.model import stand_in
+from tests.helpers import procs  # the test helpers start and stop the real processes
+from tests.helpers.models import TEST_CACHE
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import procs  # noqa: E402  (test helpers start and stop the real processes)
-from helpers.models import TEST_CACHE  # noqa: E402
-from palmyra_serve.model import stand_in  # noqa: E402
 
 RESULTS = HERE / "results"
 MODELS = TEST_CACHE / "models"
@@ -94,7 +94,8 @@ class LogStamper(threading.Thread):
 
     def __init__(self, path: Path, t0: float) -> None:
         super().__init__(daemon=True)
-        self.path, self.t0, self.seen, self.stop = path, t0, {}, threading.Event()
+        self.path, self.t0, self.stop = path, t0, threading.Event()
+        self.seen: dict[str, float] = {}
 
     def run(self) -> None:
         while not self.path.exists() and not self.stop.is_set():

@@ -45,11 +45,13 @@ def variables_used(expr: str) -> set[str]:
 
 def substitute(expr: str, values: dict[str, str]) -> str:
     """Fill $var / ${var} like Grafana does; an unknown variable is an error, not left in place."""
+
     def repl(m: re.Match) -> str:
         name = m.group(1) or m.group(2)
         if name not in values:
             raise KeyError(f"no value for ${name} in {expr!r}")
         return values[name]
+
     return VAR_RE.sub(repl, expr)
 
 

@@ -43,13 +43,22 @@ def free_port() -> int:
 
 def scrape_targets(sidecars: list[str], npu_exporters: list[str] | None = None) -> dict[str, list[str]]:
     """Job name -> targets for sidecars at host:port: each serves its own page and its engine's."""
-    targets = {"palmyra-sidecar": list(sidecars), "palmyra-engine": list(sidecars),
-               "npu-exporter": list(npu_exporters or [])}
+    targets = {
+        "palmyra-sidecar": list(sidecars),
+        "palmyra-engine": list(sidecars),
+        "npu-exporter": list(npu_exporters or []),
+    }
     return {job: t for job, t in targets.items() if t}
 
 
-def render_config(base: dict, targets: dict[str, list[str]], *, scrape_interval: str = "1s",
-                  extra_jobs: list[dict] | None = None, external_labels: dict | None = None) -> dict:
+def render_config(
+    base: dict,
+    targets: dict[str, list[str]],
+    *,
+    scrape_interval: str = "1s",
+    extra_jobs: list[dict] | None = None,
+    external_labels: dict | None = None,
+) -> dict:
     """The deployed config with `targets` (job name -> host:port list) instead of Compose names."""
     cfg = copy.deepcopy(base)
     cfg["global"]["scrape_interval"] = scrape_interval
@@ -79,7 +88,7 @@ class LocalPrometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> "LocalPrometheus":
+    def start(self, timeout_s: float = 30.0) -> LocalPrometheus:
         self.workdir = Path(tempfile.mkdtemp(prefix="palmyra-prom-"))
         cfg_path = self.workdir / "prometheus.yml"
         # JSON is valid YAML: no YAML library needed here.
@@ -88,9 +97,16 @@ class LocalPrometheus:
         self.log_path = self.workdir / "prometheus.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [self.binary, f"--config.file={cfg_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    self.binary,
+                    f"--config.file={cfg_path}",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -123,10 +139,10 @@ class LocalPrometheus:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> "LocalPrometheus":
+    def __enter__(self) -> LocalPrometheus:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # --- HTTP API -----------------------------------------------------------------------------
@@ -151,20 +167,27 @@ class LocalPrometheus:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sidecar", action="append", default=[],
-                    help="host:port of a sidecar (repeatable); its engine is scraped through it")
+    ap.add_argument(
+        "--sidecar",
+        action="append",
+        default=[],
+        help="host:port of a sidecar (repeatable); its engine is scraped through it",
+    )
     ap.add_argument("--npu-exporter", action="append", default=[], help="host:port of an npu-exporter")
     ap.add_argument("--scrape-interval", default="5s")
     args = ap.parse_args()
     import yaml  # only the CLI needs it (PyYAML, in the test extras); the tests pass a parsed dict
 
     base = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    prom = LocalPrometheus(render_config(base, scrape_targets(args.sidecar, args.npu_exporter),
-                                         scrape_interval=args.scrape_interval))
+    prom = LocalPrometheus(
+        render_config(base, scrape_targets(args.sidecar, args.npu_exporter), scrape_interval=args.scrape_interval)
+    )
     with prom:
+        proc = prom.proc
+        assert proc is not None, "started on entering the with block"
         print(f"prometheus on {prom.url} (Ctrl-C stops it)", flush=True)
         try:
-            while prom.proc.poll() is None:
+            while proc.poll() is None:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass

@@ -26,21 +26,24 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypedDict
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from palmyra_serve.cli import build_parser
+from palmyra_serve.engine.launcher import PLATFORMS, build_command
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "service"))  # works from a checkout even before `pip install -e .`
-
-from palmyra_serve.cli import build_parser  # noqa: E402
-from palmyra_serve.engine.launcher import PLATFORMS, build_command  # noqa: E402
-from palmyra_serve.settings import Settings  # noqa: E402
-from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics  # noqa: E402
 
 ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 METRICS_DOC = REPO / "docs" / "metrics.md"
 DEPLOYMENT = REPO / "k8s" / "base" / "deployment.yaml"
-BLOCK = re.compile(r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)",
-                   re.S)
+BLOCK = re.compile(
+    r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)", re.S
+)
 # Labels whose values are open-ended (not a fixed, pre-created set): shown by name and meaning only.
 OPEN_LABELS = {"status": "HTTP status code as a string", "version": "palmyra-serve version"}
 # Where the launcher's environment would otherwise leak the caller's machine into the document.
@@ -58,6 +61,7 @@ def cell(text: object) -> str:
 
 
 # --- settings ---------------------------------------------------------------------------------
+
 
 def type_name(annotation: object) -> str:
     origin = typing.get_origin(annotation)
@@ -106,14 +110,25 @@ def settings_table() -> str:
         for flag, command in flags.get(name, []):
             by_flag.setdefault(flag, []).append(command)
         flag_text = "; ".join(f"`{f}` ({', '.join(cmds)})" for f, cmds in by_flag.items()) or "—"
-        rows.append("| " + " | ".join(cell(c) for c in (
-            f"`{env_name(name)}`", type_name(field.annotation),
-            default_text(field.get_default(call_default_factory=True)), flag_text, field.description or "",
-        )) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                cell(c)
+                for c in (
+                    f"`{env_name(name)}`",
+                    type_name(field.annotation),
+                    default_text(field.get_default(call_default_factory=True)),
+                    flag_text,
+                    field.description or "",
+                )
+            )
+            + " |"
+        )
     return "\n".join(rows) + "\n"
 
 
 # --- CLI --------------------------------------------------------------------------------------
+
 
 def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     # argparse has no public accessor for subparsers; _SubParsersAction has been stable for decades.
@@ -174,14 +189,22 @@ def cli_reference() -> str:
     helps = subcommand_help(parser)
     out: list[str] = []
     for name, sub in subcommands(parser):
-        out += [f"### `palmyra-serve {name}`", "", helps.get(name, "").rstrip(".") + ".", "",
-                "| Option | Default | Meaning |", "|---|---|---|"]
+        out += [
+            f"### `palmyra-serve {name}`",
+            "",
+            helps.get(name, "").rstrip(".") + ".",
+            "",
+            "| Option | Default | Meaning |",
+            "|---|---|---|",
+        ]
         for action in options(sub):
             meaning = expand_help(action, sub.prog)
             if action.choices:
                 choices = "one of " + ", ".join(f"`{c}`" for c in action.choices)
                 meaning = f"{meaning} ({choices})" if meaning else choices
-            out.append("| " + " | ".join(cell(c) for c in (option_name(action), option_default(action), meaning)) + " |")
+            out.append(
+                "| " + " | ".join(cell(c) for c in (option_name(action), option_default(action), meaning)) + " |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -204,8 +227,14 @@ def engine_commands() -> str:
             cmd = build_command(settings, EXAMPLE_MODEL_PATH, platform)
             argv = ["python", *cmd.argv[1:]]  # argv[0] is this machine's interpreter path
             env = " ".join(f"{k}={v}" for k, v in sorted(cmd.env.items()))
-            out += [f"**{platform}**" + (f" (environment: `{env}`)" if env else "") + ":", "", "```",
-                    " \\\n    ".join(" ".join(pair) for pair in _pairs(argv)), "```", ""]
+            out += [
+                f"**{platform}**" + (f" (environment: `{env}`)" if env else "") + ":",
+                "",
+                "```",
+                " \\\n    ".join(" ".join(pair) for pair in _pairs(argv)),
+                "```",
+                "",
+            ]
     return "\n".join(out)
 
 
@@ -217,27 +246,36 @@ def _pairs(argv: list[str]) -> Iterator[list[str]]:
     i = 0
     while i < len(rest):
         if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-            yield rest[i:i + 2]
+            yield rest[i : i + 2]
             i += 2
         else:
-            yield rest[i:i + 1]
+            yield rest[i : i + 1]
             i += 1
 
 
 # --- metrics ----------------------------------------------------------------------------------
 
-def _instruments(metrics: SidecarMetrics) -> dict[str, object]:
-    from prometheus_client.metrics import MetricWrapperBase
 
+def _instruments(metrics: SidecarMetrics) -> dict[str, MetricWrapperBase]:
     return {w._name: w for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)}
 
 
-def sidecar_metrics() -> list[dict]:
+class Family(TypedDict):
+    """One metric family as the tables show it."""
+
+    name: str
+    type: str
+    labels: dict[str, list[str]]
+    help: str
+    buckets: list[str]
+
+
+def sidecar_metrics() -> list[Family]:
     metrics = SidecarMetrics()
     metrics.bind_phase(lambda: PHASES[0])  # what HealthState does at start: creates every phase's series
     metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
     wrappers = _instruments(metrics)
-    families = []
+    families: list[Family] = []
     for family in metrics.registry.collect():
         labels: dict[str, list[str]] = {}
         buckets: list[str] = []
@@ -250,8 +288,15 @@ def sidecar_metrics() -> list[dict]:
                     labels[key].append(value)
         if not family.samples and family.name in wrappers:
             labels = {name: [] for name in wrappers[family.name]._labelnames}
-        families.append({"name": family.name, "type": family.type, "labels": labels, "help": family.documentation,
-                         "buckets": buckets})
+        families.append(
+            {
+                "name": family.name,
+                "type": family.type,
+                "labels": labels,
+                "help": family.documentation,
+                "buckets": buckets,
+            }
+        )
     # A family whose children are created lazily (requests by route and status) has no samples yet;
     # its fixed-set labels take their values from the families that pre-create the same label.
     known: dict[str, list[str]] = {}
@@ -280,8 +325,9 @@ def label_text(labels: dict[str, list[str]]) -> str:
 def metrics_table() -> str:
     rows = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
     for m in sidecar_metrics():
-        rows.append("| " + " | ".join(cell(c) for c in (f"`{m['name']}`", m["type"], label_text(m["labels"]),
-                                                        m["help"])) + " |")
+        rows.append(
+            "| " + " | ".join(cell(c) for c in (f"`{m['name']}`", m["type"], label_text(m["labels"]), m["help"])) + " |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -296,6 +342,7 @@ def buckets_table() -> str:
 
 # --- splicing ---------------------------------------------------------------------------------
 
+
 def sidecar_memory() -> str:
     """The sidecar's worst-case memory for the default settings, against its container limit."""
     import yaml
@@ -307,8 +354,12 @@ def sidecar_memory() -> str:
 
 
 GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
-    CONFIG_DOC: {"settings": settings_table, "cli": cli_reference, "engine-command": engine_commands,
-                 "sidecar-memory": sidecar_memory},
+    CONFIG_DOC: {
+        "settings": settings_table,
+        "cli": cli_reference,
+        "engine-command": engine_commands,
+        "sidecar-memory": sidecar_memory,
+    },
     METRICS_DOC: {"sidecar-metrics": metrics_table, "sidecar-buckets": buckets_table},
 }
 
@@ -325,8 +376,10 @@ def render(path: Path, text: str, generators: dict[str, Callable[[], str]] | Non
     found = {m.group("name") for m in BLOCK.finditer(text)}
     missing = set(wanted) - found
     if missing:
-        raise SystemExit(f"{rel(path)}: no marker block for {sorted(missing)}; add "
-                         f"'<!-- BEGIN GENERATED NAME (scripts/gen_docs.py) -->' ... '<!-- END GENERATED NAME -->'")
+        raise SystemExit(
+            f"{rel(path)}: no marker block for {sorted(missing)}; add "
+            f"'<!-- BEGIN GENERATED NAME (scripts/gen_docs.py) -->' ... '<!-- END GENERATED NAME -->'"
+        )
 
     def fill(m: re.Match) -> str:
         name = m.group("name")
@@ -349,8 +402,9 @@ def main(argv: list[str] | None = None, generators: dict[Path, dict[str, Callabl
             continue
         if args.check:
             stale += 1
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), wanted.splitlines(True),
-                                                       rel(path), "generated"))
+            sys.stdout.writelines(
+                difflib.unified_diff(current.splitlines(True), wanted.splitlines(True), rel(path), "generated")
+            )
         else:
             path.write_text(wanted, encoding="utf-8")
             print(f"wrote {rel(path)}")

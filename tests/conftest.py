@@ -41,7 +41,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def _process_logs(item: pytest.Item) -> list[Path]:
-    from helpers.procs import Server
+    from tests.helpers.procs import Server
 
     found: dict[Path, None] = {}
     for name, value in getattr(item, "funcargs", {}).items():
@@ -60,7 +60,7 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny stand-in checkpoint, one cached copy for the engine and container tiers."""
-    from helpers.models import stand_in_model
+    from tests.helpers.models import stand_in_model
 
     return stand_in_model("tiny")
 

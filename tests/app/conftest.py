@@ -9,14 +9,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers import procs
-from helpers.procs import fake_engine
+from tests.helpers import procs
+from tests.helpers.procs import fake_engine
 
 # Short intervals so transitions happen in seconds, not the production defaults' minutes.
-FAST = {"PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2", "PALMYRA_CANARY_INTERVAL_S": "0.5",
-        "PALMYRA_CANARY_TIMEOUT_S": "1", "PALMYRA_LIVENESS_BUDGET_S": "3", "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
-        "PALMYRA_READ_TIMEOUT_S": "2", "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "2",
-        "PALMYRA_CONNECT_TIMEOUT_S": "1", "PALMYRA_DRAIN_TIMEOUT_S": "10"}
+FAST = {
+    "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2",
+    "PALMYRA_CANARY_INTERVAL_S": "0.5",
+    "PALMYRA_CANARY_TIMEOUT_S": "1",
+    "PALMYRA_LIVENESS_BUDGET_S": "3",
+    "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
+    "PALMYRA_READ_TIMEOUT_S": "2",
+    "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "2",
+    "PALMYRA_CONNECT_TIMEOUT_S": "1",
+    "PALMYRA_DRAIN_TIMEOUT_S": "10",
+}
 
 
 @pytest.fixture
@@ -34,6 +41,7 @@ def engine(log_dir: Path) -> Iterator[procs.Server]:
 def sidecar_factory(log_dir: Path):
     def start(engine_url: str, wait_ready: bool = True, **env: str):
         return procs.sidecar(engine_url, log_dir, extra_env={**FAST, **env}, wait_ready=wait_ready, timeout_s=30)
+
     return start
 
 

@@ -15,10 +15,10 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.api import metric_value as sample
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.load import ClosedLoop
+from tests.helpers.waiting import wait_until
 
 
 def set_latency(client: httpx.Client, engine_url: str, first_s: float, token_s: float) -> None:
@@ -26,8 +26,11 @@ def set_latency(client: httpx.Client, engine_url: str, first_s: float, token_s: 
 
 
 def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engine, sidecar_factory, client):
-    env = {"PALMYRA_ADMISSION_MAX_LIMIT": "16", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
-           "PALMYRA_ADMISSION_WINDOW_S": "0.2"}
+    env = {
+        "PALMYRA_ADMISSION_MAX_LIMIT": "16",
+        "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
+        "PALMYRA_ADMISSION_WINDOW_S": "0.2",
+    }
     with sidecar_factory(engine.url, **env) as sc:  # ready first: warmup must not meet the slow engine
         set_latency(client, engine.url, 0.0, 0.01)  # fast: 10 tokens in 0.1 s
         limit = lambda: sample(client, sc.url, "palmyra_concurrency_limit")  # noqa: E731
@@ -46,13 +49,18 @@ def test_limit_rises_while_latency_is_low_and_falls_when_it_passes_the_slo(engin
 
 
 def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine, sidecar_factory, client):
-    env = {"PALMYRA_ADMISSION_MAX_LIMIT": "2", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
-           "PALMYRA_ADMISSION_MIN_LIMIT": "2"}
+    env = {
+        "PALMYRA_ADMISSION_MAX_LIMIT": "2",
+        "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
+        "PALMYRA_ADMISSION_MIN_LIMIT": "2",
+    }
     with sidecar_factory(engine.url, **env) as sc:
         # An engine that takes ~1 s per request and admits two at a time: 2 req/s.
         set_latency(client, engine.url, 0.3, 0.15)
         for _ in range(3):  # teach the gate the engine's service time and TTFT
-            assert client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=5, stream=True)).status_code == 200
+            assert (
+                client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=5, stream=True)).status_code == 200
+            )
         max_wait = sample(client, sc.url, "palmyra_queue_max_wait_seconds")
         assert 0 < max_wait < 2.0, "what the 2 s TTFT SLO leaves after the engine's TTFT and the headroom"
 
@@ -68,7 +76,7 @@ def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine
         refused = [r for r in results if r[0] == 429]
         assert len(ok) + len(refused) == len(results), [r[0] for r in results]
         assert 2 <= len(ok) < len(results) and refused, "some served, the excess refused"
-        for status, took, headers, text in refused:
+        for status, _took, headers, text in refused:
             err = assert_openai_error(httpx.Response(status, headers=headers, text=text), 429)
             assert err["code"] in ("slo_unreachable", "queue_timeout"), err
             assert int(headers["retry-after"]) >= 1
@@ -76,14 +84,22 @@ def test_queue_wait_is_bounded_by_the_slo_and_the_rest_is_refused_at_once(engine
         assert fast and max(fast) < 1.0, f"refused on arrival, not after a wait: {fast}"
         # No admitted request waited longer than the bound (the histogram counts every admission).
         page = client.get(f"{sc.url}/metrics").text
-        count = float(re.search(r"^palmyra_queue_wait_seconds_count (\S+)", page, re.M).group(1))
-        within = float(re.search(r'^palmyra_queue_wait_seconds_bucket\{le="2\.0"\} (\S+)', page, re.M).group(1))
+        count_line = re.search(r"^palmyra_queue_wait_seconds_count (\S+)", page, re.M)
+        within_line = re.search(r'^palmyra_queue_wait_seconds_bucket\{le="2\.0"\} (\S+)', page, re.M)
+        assert count_line and within_line, "the queue-wait histogram is on the page"
+        count, within = float(count_line.group(1)), float(within_line.group(1))
         assert count == within == len(ok) + 3
-        rejected = sum(float(v) for v in re.findall(
-            r'^palmyra_rejections_total\{reason="(?:slo_unreachable|queue_timeout|queue_full)"\} (\S+)', page, re.M))
+        rejected = sum(
+            float(v)
+            for v in re.findall(
+                r'^palmyra_rejections_total\{reason="(?:slo_unreachable|queue_timeout|queue_full)"\} (\S+)', page, re.M
+            )
+        )
         assert rejected == len(refused)
-    print(f"24 at once against 2 slots: {len(ok)} served, {len(refused)} refused, slowest refusal "
-          f"{max(r[1] for r in refused):.2f} s, max wait {max_wait:.2f} s")
+    print(
+        f"24 at once against 2 slots: {len(ok)} served, {len(refused)} refused, slowest refusal "
+        f"{max(r[1] for r in refused):.2f} s, max wait {max_wait:.2f} s"
+    )
 
 
 def test_non_generation_routes_bypass_the_adaptive_gate(engine, sidecar_factory, client):

@@ -18,10 +18,10 @@ import time
 
 import httpx
 
-from helpers.api import completion
-from helpers.api import metric_value as sample
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers.api import completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.load import ClosedLoop
+from tests.helpers.waiting import wait_until
 
 LIMIT = "palmyra_concurrency_limit"
 FAULTS = "palmyra_admission_faults_total"
@@ -32,8 +32,11 @@ def control(client: httpx.Client, engine_url: str, **state: object) -> None:
 
 
 def test_a_whole_stream_in_one_read_neither_breaks_nor_collapses_the_limit(engine, sidecar_factory, client):
-    env = {"PALMYRA_ADMISSION_MAX_LIMIT": "8", "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
-           "PALMYRA_ADMISSION_WINDOW_S": "0.2"}
+    env = {
+        "PALMYRA_ADMISSION_MAX_LIMIT": "8",
+        "PALMYRA_ADMISSION_INITIAL_LIMIT": "2",
+        "PALMYRA_ADMISSION_WINDOW_S": "0.2",
+    }
     with sidecar_factory(engine.url, **env) as sc:
         # A batching engine that is fast per token: 0.2 s to a first token whatever the batch, then
         # the whole 64-token stream in one write (as a coalescing network delivers it too).
@@ -44,22 +47,31 @@ def test_a_whole_stream_in_one_read_neither_breaks_nor_collapses_the_limit(engin
             # the stream's whole time still says the engine is fast and a larger batch pays: the
             # limit grows to the ceiling and stays there.
             wait_until(lambda: sample(client, sc.url, LIMIT) == 8, 30, "the limit to reach the ceiling")
-            settled = [sample(client, sc.url, LIMIT) for _ in range(15) if not time.sleep(0.2)]
+            settled = []
+            for _ in range(15):
+                time.sleep(0.2)
+                settled.append(sample(client, sc.url, LIMIT))
         assert settled == [8.0] * 15, f"it settles at the ceiling: {settled}"
         assert load.errors == [], f"streams cut: {load.errors[:3]}"
         assert set(load.statuses) <= {200, 429} and load.statuses.count(200) > 30
         assert sample(client, sc.url, FAULTS) == 0
         assert client.get(f"{sc.url}/ready").status_code == 200
         assert "Traceback" not in sc.log()
-    print(f"one-read streams: {load.statuses.count(200)} served, {load.statuses.count(429)} refused, "
-          f"0 cut, limit 2 -> 8 (the ceiling) and held for 3 s, 0 faults")
+    print(
+        f"one-read streams: {load.statuses.count(200)} served, {load.statuses.count(429)} refused, "
+        f"0 cut, limit 2 -> 8 (the ceiling) and held for 3 s, 0 faults"
+    )
 
 
 def _attacked(engine, sidecar_factory, client, attack, extra_env: dict[str, str] | None = None):
     """The limit under normal load, then with `attack` running beside it: (lowest limit during the
     attack, the normal requests' statuses during it)."""
-    env = {"PALMYRA_ADMISSION_MAX_LIMIT": "64", "PALMYRA_ADMISSION_INITIAL_LIMIT": "64",
-           "PALMYRA_ADMISSION_WINDOW_S": "0.2", **(extra_env or {})}
+    env = {
+        "PALMYRA_ADMISSION_MAX_LIMIT": "64",
+        "PALMYRA_ADMISSION_INITIAL_LIMIT": "64",
+        "PALMYRA_ADMISSION_WINDOW_S": "0.2",
+        **(extra_env or {}),
+    }
     with sidecar_factory(engine.url, **env) as sc:
         control(client, engine.url, token_delay_s=0.01)
         normal = completion("normal", max_tokens=10, stream=True)
@@ -85,19 +97,21 @@ def _at_8_per_s(body: dict):
     def attack(url: str, stop: threading.Event) -> None:
         threads = []
         while not stop.wait(0.125):  # 8 requests a second, each on its own connection
-            t = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=10),
-                                 daemon=True)
+            t = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=10), daemon=True)
             t.start()
             threads.append(t)
         for t in threads:
             t.join(timeout=10)
+
     return attack
 
 
 def _assert_held(undisturbed: float, lowest: float, statuses: list[int], what: str) -> None:
     refused = statuses.count(429) / max(1, len(statuses))
-    print(f"{what}: limit {undisturbed:g} undisturbed, lowest {lowest:g} under attack; "
-          f"normal requests {len(statuses)}, refused {refused:.1%}")
+    print(
+        f"{what}: limit {undisturbed:g} undisturbed, lowest {lowest:g} under attack; "
+        f"normal requests {len(statuses)}, refused {refused:.1%}"
+    )
     assert lowest >= 0.75 * undisturbed, f"{what} pulled the limit from {undisturbed} to {lowest}"
     assert refused <= 0.05 and len(statuses) > 20
 
@@ -125,8 +139,10 @@ def _slow_reader(url: str, bytes_per_read: int = 8192, every_s: float = 0.25) ->
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
     sock.settimeout(30)
     try:
         while True:

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.waiting import wait_until
 
 
 def gauge(client: httpx.Client, url: str, name: str) -> float:
@@ -25,8 +25,9 @@ def gauge(client: httpx.Client, url: str, name: str) -> float:
 
 def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine, sidecar_factory, client):
     # Fixed mode, the manual settings: one in flight, one queued (adaptive: tests/app/test_admission_adaptive_live.py).
-    with sidecar_factory(engine.url, PALMYRA_ADMISSION_MODE="fixed", PALMYRA_MAX_IN_FLIGHT="1",
-                         PALMYRA_MAX_QUEUE="1") as sc:
+    with sidecar_factory(
+        engine.url, PALMYRA_ADMISSION_MODE="fixed", PALMYRA_MAX_IN_FLIGHT="1", PALMYRA_MAX_QUEUE="1"
+    ) as sc:
         slow = completion("fake:slow", max_tokens=5, stream=True)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             first = pool.submit(client.post, f"{sc.url}/v1/completions", json=slow)
@@ -46,14 +47,19 @@ def test_queue_full_is_429_with_retry_after_and_queued_requests_complete(engine,
 
 def test_body_limit_and_max_tokens_cap(engine, sidecar_factory, client):
     with sidecar_factory(engine.url, PALMYRA_MAX_BODY_BYTES="1000", PALMYRA_MAX_TOKENS_CAP="16") as sc:
-        assert_openai_error(client.post(f"{sc.url}/v1/completions", json=completion("x" * 2000)), 413,
-                            "request_too_large")
-        err = assert_openai_error(client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=17)), 400,
-                                  "max_tokens_too_large")
+        assert_openai_error(
+            client.post(f"{sc.url}/v1/completions", json=completion("x" * 2000)), 413, "request_too_large"
+        )
+        err = assert_openai_error(
+            client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=17)), 400, "max_tokens_too_large"
+        )
         assert err["param"] == "max_tokens"
         assert client.post(f"{sc.url}/v1/completions", json=completion(max_tokens=16)).status_code == 200
-        assert_openai_error(client.post(f"{sc.url}/v1/completions", content=b"{not json",
-                                        headers={"content-type": "application/json"}), 400, "invalid_json")
+        assert_openai_error(
+            client.post(f"{sc.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}),
+            400,
+            "invalid_json",
+        )
 
 
 def test_api_keys_guard_v1_but_not_health_ready_metrics(engine, sidecar_factory, client, tmp_path):
@@ -62,12 +68,18 @@ def test_api_keys_guard_v1_but_not_health_ready_metrics(engine, sidecar_factory,
     with sidecar_factory(engine.url, PALMYRA_API_KEYS="env-key-1", PALMYRA_API_KEYS_FILE=str(keyfile)) as sc:
         for auth in (None, "Bearer wrong", "Bearer env-key", "Bearer env-key-1x", "Basic env-key-1", "env-key-1"):
             headers = {"Authorization": auth} if auth else {}
-            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                                 ("GET", "/v1/models"), ("POST", "/tokenize")):
+            for method, path in (
+                ("POST", "/v1/completions"),
+                ("POST", "/v1/chat/completions"),
+                ("GET", "/v1/models"),
+                ("POST", "/tokenize"),
+            ):
                 resp = client.request(method, f"{sc.url}{path}", json=completion(), headers=headers)
                 assert_openai_error(resp, 401, "invalid_api_key")
         for key in ("env-key-1", "file-key-2"):
-            resp = client.post(f"{sc.url}/v1/completions", json=completion(), headers={"Authorization": f"Bearer {key}"})
+            resp = client.post(
+                f"{sc.url}/v1/completions", json=completion(), headers={"Authorization": f"Bearer {key}"}
+            )
             assert resp.status_code == 200
         for path in ("/health", "/health/sidecar", "/ready", "/metrics"):
             assert client.get(f"{sc.url}{path}").status_code == 200
@@ -79,10 +91,14 @@ def test_api_keys_guard_v1_but_not_health_ready_metrics(engine, sidecar_factory,
 
 def test_sigterm_drains_in_flight_streams_then_exits_zero(engine, sidecar_factory, client):
     with sidecar_factory(engine.url) as sc:
+
         def stream() -> list[str]:
-            with httpx.Client(timeout=30) as c, c.stream(
-                    "POST", f"{sc.url}/v1/completions",
-                    json=completion("fake:slow", max_tokens=8, stream=True)) as resp:
+            with (
+                httpx.Client(timeout=30) as c,
+                c.stream(
+                    "POST", f"{sc.url}/v1/completions", json=completion("fake:slow", max_tokens=8, stream=True)
+                ) as resp,
+            ):
                 assert resp.status_code == 200
                 return [line for line in resp.iter_lines() if line.startswith("data: ")]
 

@@ -12,11 +12,10 @@ Capacity: PALMYRA_MAX_IN_FLIGHT=4, each request a stream of 4 chunks 0.3 s apart
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import math
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,9 +23,10 @@ import httpx
 import pytest
 import yaml
 
-from helpers import procs
-from helpers.load import ClosedLoop
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.load import ClosedLoop
+from tests.helpers.modules import load_module
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 4  # PALMYRA_MAX_IN_FLIGHT of the sidecar under test
@@ -34,21 +34,14 @@ JOB = "palmyra-sidecar"
 HPA_TOLERANCE = 0.1  # kube-controller-manager's default --horizontal-pod-autoscaler-tolerance
 
 
-def _load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-local_prometheus = _load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
+local_prometheus = load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
 
 
 def rendered_scaledobject() -> dict:
     """The ScaledObject as a cluster receives it: an overlay that ships KEDA, rendered by kubectl."""
-    out = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "nvidia")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "nvidia")], capture_output=True, text=True, check=True
+    ).stdout
     [scaled] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ScaledObject"]
     return scaled
 
@@ -88,11 +81,18 @@ def module_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sidecar(module_log_dir: Path) -> Iterator[procs.Server]:
     # Fixed mode: the test needs a capacity it knows (the adaptive limit would move with the fake's latency).
-    env = {"PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": str(LIMIT), "PALMYRA_MAX_QUEUE": "32",
-           "PALMYRA_QUEUE_TIMEOUT_S": "60",
-           "PALMYRA_CANARY_INTERVAL_S": "5", "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.5"}
-    with procs.fake_engine(module_log_dir) as engine, \
-            procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server:
+    env = {
+        "PALMYRA_ADMISSION_MODE": "fixed",
+        "PALMYRA_MAX_IN_FLIGHT": str(LIMIT),
+        "PALMYRA_MAX_QUEUE": "32",
+        "PALMYRA_QUEUE_TIMEOUT_S": "60",
+        "PALMYRA_CANARY_INTERVAL_S": "5",
+        "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.5",
+    }
+    with (
+        procs.fake_engine(module_log_dir) as engine,
+        procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server,
+    ):
         yield server
 
 
@@ -139,33 +139,48 @@ def test_trigger_query_scales_with_demand(sidecar: procs.Server, prom) -> None:
         return value
 
     # Idle: a full window of samples, nothing in flight or queued, nothing refused.
-    wait_until(lambda: window_saw(prom, f"count_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool 20"),
-               60, "30 s of idle samples")
+    wait_until(
+        lambda: window_saw(prom, f"count_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool 20"),
+        60,
+        "30 s of idle samples",
+    )
     measure("idle", lo)
     assert measured["idle"][1] == lo
 
     with ClosedLoop(sidecar.url, LIMIT, SLOW, timeout_s=60) as one_x:
         # 1x: the replica was full for the whole window (a scrape may catch one slot between requests).
-        wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}"),
-                   90, "a full window at 1x load")
-        assert scalar(prom, f"max_over_time(palmyra_queued_requests{sel}[30s])") <= 1
+        wait_until(
+            lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}"),
+            90,
+            "a full window at 1x load",
+        )
+        queued = scalar(prom, f"max_over_time(palmyra_queued_requests{sel}[30s])")
+        assert queued is not None and queued <= 1, queued
         measure("1x", 1)
     assert set(one_x.statuses) == {200}, set(one_x.statuses)
     assert measured["1x"][1] == 1 and measured["1x"][2] == 1  # holds: one replica full is what it should have
 
     with ClosedLoop(sidecar.url, 2 * LIMIT, SLOW, timeout_s=60) as two_x:
         # 2x: the window saw the replica full and the queue holding the other half.
-        wait_until(lambda: window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}")
-                   and window_saw(prom, f"min_over_time(palmyra_queued_requests{sel}[30s]) >= bool {LIMIT - 2}"),
-                   90, "a full window at 2x load")
+        wait_until(
+            lambda: (
+                window_saw(prom, f"min_over_time(palmyra_in_flight_requests{sel}[30s]) >= bool {LIMIT - 1}")
+                and window_saw(prom, f"min_over_time(palmyra_queued_requests{sel}[30s]) >= bool {LIMIT - 2}")
+            ),
+            90,
+            "a full window at 2x load",
+        )
         measure("2x", 1)
     assert set(two_x.statuses) == {200}, set(two_x.statuses)
     assert measured["2x"][1] >= 2 * measured["1x"][1]
     assert measured["2x"][2] >= 2 * measured["1x"][2]
 
     # Back to idle: once the window holds no load, the minimum again.
-    wait_until(lambda: window_saw(prom, f"max_over_time(palmyra_in_flight_requests{sel}[30s]) == bool 0"),
-               90, "a window without load")
+    wait_until(
+        lambda: window_saw(prom, f"max_over_time(palmyra_in_flight_requests{sel}[30s]) == bool 0"),
+        90,
+        "a window without load",
+    )
     measure("idle again", 2)
     assert measured["idle again"][1] == lo
 
@@ -180,6 +195,8 @@ def test_every_selector_of_the_query_has_series_from_the_real_sidecar(sidecar: p
     exposition = httpx.get(f"{sidecar.url}/metrics", timeout=10).text
     for selector in selectors:
         assert re.search(rf"^{re.escape(selector.split('{')[0])}[{{ ]", exposition, re.MULTILINE), selector
-        wait_until(lambda s=selector: scalar(prom, f"count({s})"), 30, f"series for {selector}")
-    reasons = re.search(r'reason=~"([^"]+)"', query).group(1).split("|")
+        wait_until(functools.partial(scalar, prom, f"count({selector})"), 30, f"series for {selector}")
+    listed = re.search(r'reason=~"([^"]+)"', query)
+    assert listed, query
+    reasons = listed.group(1).split("|")
     assert scalar(prom, f'count(palmyra_rejections_total{{job="{JOB}",reason=~"{"|".join(reasons)}"}})') == len(reasons)

@@ -11,18 +11,22 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.waiting import wait_until
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.waiting import wait_until
 
 PROPAGATION_S = 2.0
 
 
 def test_sigterm_keeps_serving_for_the_propagation_delay_then_refuses_and_drains(engine, sidecar_factory, client):
     with sidecar_factory(engine.url, PALMYRA_DRAIN_PROPAGATION_S=str(PROPAGATION_S)) as sc:
+
         def stream() -> list[str]:
-            with httpx.Client(timeout=30) as c, c.stream(
-                    "POST", f"{sc.url}/v1/completions",
-                    json=completion("fake:slow", max_tokens=10, stream=True)) as resp:
+            with (
+                httpx.Client(timeout=30) as c,
+                c.stream(
+                    "POST", f"{sc.url}/v1/completions", json=completion("fake:slow", max_tokens=10, stream=True)
+                ) as resp,
+            ):
                 assert resp.status_code == 200
                 return [line for line in resp.iter_lines() if line.startswith("data: ")]
 
@@ -48,7 +52,9 @@ def test_sigterm_keeps_serving_for_the_propagation_delay_then_refuses_and_drains
             # After the delay: refused, retryable, while the listener is still open.
             refused = wait_until(
                 lambda: (r := client.post(f"{sc.url}/v1/completions", json=completion())).status_code != 200 and r,
-                PROPAGATION_S + 3, "new requests refused")
+                PROPAGATION_S + 3,
+                "new requests refused",
+            )
             assert time.monotonic() - t0 >= PROPAGATION_S
             assert_openai_error(refused, 503, "draining")
             assert refused.headers["retry-after"] == "1"

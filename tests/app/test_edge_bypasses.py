@@ -10,6 +10,7 @@ the FAKE engine. Each test regresses one way around the edge's limits that worke
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
@@ -20,10 +21,10 @@ import time
 import httpx
 import pytest
 
-from helpers.api import completion
-from helpers.edge import MIB, RssPeak, busy_connection, counter, header_of, read_response, rejections, status_of
-from helpers.waiting import wait_until
 from palmyra_serve.sidecar.upstream.metrics_page import MAX_AGE_S, PAGE_COPIES, READ_GRACE_S
+from tests.helpers.api import completion
+from tests.helpers.edge import MIB, RssPeak, busy_connection, counter, header_of, read_response, rejections, status_of
+from tests.helpers.waiting import wait_until
 
 KEY = "sk-edge-bypass-key-0123456789abcdef"
 
@@ -40,9 +41,9 @@ def probe_latency(port: int) -> float:
 
 # --- a body's framing: trailers and chunk extensions ----------------------------------------
 
+
 def chunked_head(path: bytes = b"/v1/completions") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n" % path)
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % path
 
 
 class Attacker(threading.Thread):
@@ -85,9 +86,11 @@ def test_a_100_mib_trailer_or_chunk_extension_gets_431_and_the_loop_stays_respon
             a.join(timeout=30)
             a.sock.close()
     sent = sum(a.sent for a in attackers) / MIB
-    print(f"{where}: {[status_of(a) for a in answers]} within {took:.3f} s; {sent:.0f} MiB sent in all; "
-          f"peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; /health/sidecar {len(latencies)} times "
-          f"during the attack, median {statistics.median(latencies) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
+    print(
+        f"{where}: {[status_of(a) for a in answers]} within {took:.3f} s; {sent:.0f} MiB sent in all; "
+        f"peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; /health/sidecar {len(latencies)} times "
+        f"during the attack, median {statistics.median(latencies) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
     for answer in answers:
         assert status_of(answer) == 431, answer[:300]
         assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "header_too_large"
@@ -100,7 +103,7 @@ def test_a_100_mib_trailer_or_chunk_extension_gets_431_and_the_loop_stays_respon
 def test_ordinary_chunked_bodies_pass_and_trailer_fields_are_dropped(sidecar, engine, client):
     body = json.dumps(completion()).encode()
     # One byte a chunk: every chunk's framing is within what a chunk line may cost.
-    one_byte_chunks = b"".join(b"1\r\n%s\r\n" % body[i:i + 1] for i in range(len(body))) + b"0\r\n\r\n"
+    one_byte_chunks = b"".join(b"1\r\n%s\r\n" % body[i : i + 1] for i in range(len(body))) + b"0\r\n\r\n"
     with socket.create_connection(("127.0.0.1", sidecar.port), timeout=10) as s:
         s.sendall(chunked_head() + one_byte_chunks)
         assert status_of(read_response(s)) == 200
@@ -126,8 +129,10 @@ def test_a_pipelined_body_refused_while_the_answer_before_it_is_pending(engine, 
     connection closes; the refusal is never written into the middle of that answer."""
     client.post(f"{engine.url}/fake/control", json={"generate_delay": 0.5})
     body = json.dumps(completion()).encode()
-    first = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    first = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     second = chunked_head() + b"%x\r\n%s\r\n0\r\nX-Trail: " % (len(body), body) + b"a" * (64 * 1024)
     with socket.create_connection(("127.0.0.1", sidecar.port), timeout=10) as s:
         s.sendall(first + second)
@@ -143,6 +148,7 @@ def test_a_pipelined_body_refused_while_the_answer_before_it_is_pending(engine, 
 
 
 # --- the connection cap ------------------------------------------------------------------------
+
 
 class Holder(threading.Thread):
     """An anonymous peer that keeps a connection open whatever happens to it: reconnects at once
@@ -221,10 +227,12 @@ def test_anonymous_peers_holding_the_cap_do_not_keep_keyed_clients_out(engine, s
                 h.join(timeout=10)
         ok = statuses.count(200)
         reclaimed = counter(client, sc, 'palmyra_connections_reclaimed_total{kind="anonymous"}')
-        print(f"cap 20 held by 20 anonymous peers: {ok} of 100 keyed requests served "
-              f"({ {s: statuses.count(s) for s in set(statuses)} }), {reclaimed:.0f} anonymous connections "
-              f"reclaimed, the holders connected {sum(h.connects for h in holders)} times, "
-              f"{len(lost)} connections closed before an answer and retried")
+        print(
+            f"cap 20 held by 20 anonymous peers: {ok} of 100 keyed requests served "
+            f"({ {s: statuses.count(s) for s in set(statuses)} }), {reclaimed:.0f} anonymous connections "
+            f"reclaimed, the holders connected {sum(h.connects for h in holders)} times, "
+            f"{len(lost)} connections closed before an answer and retried"
+        )
         assert ok >= 99  # all 100 were refused 503 before
         assert reclaimed >= 1
         assert counter(client, sc, 'palmyra_connections_reclaimed_total{kind="authenticated"}') == 0
@@ -244,8 +252,9 @@ def test_reclaiming_never_cuts_a_request_in_progress(engine, sidecar_factory, cl
         streams = [threading.Thread(target=stream_to_the_end, args=(sc.url, done)) for _ in range(2)]
         for t in streams:
             t.start()
-        wait_until(lambda: "palmyra_in_flight_requests 2.0" in client.get(f"{sc.url}/metrics").text, 5,
-                   "both streams relaying")
+        wait_until(
+            lambda: "palmyra_in_flight_requests 2.0" in client.get(f"{sc.url}/metrics").text, 5, "both streams relaying"
+        )
         upload = busy_connection(sc.port)  # a body still on its way: a request in progress too
         # The fourth connection is idle; every new one takes the place of the idle one before it,
         # never of the three in the middle of a request.
@@ -289,17 +298,23 @@ def test_near_the_cap_anonymous_answers_close_their_connection(engine, sidecar_f
             return answer if header_of(answer, b"connection") == b"close" else None
 
         try:
-            for request in (b"GET /health/sidecar HTTP/1.1\r\nHost: x\r\n\r\n",
-                            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n"):
+            for request in (
+                b"GET /health/sidecar HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n\r\n",
+            ):
                 # (until the sidecar has accepted the two held connections)
-                answer = wait_until(lambda r=request: closed_after(r), 5, "an anonymous answer closing its connection")
+                answer = wait_until(
+                    functools.partial(closed_after, request), 5, "an anonymous answer closing its connection"
+                )
                 assert status_of(answer) in (200, 401)
                 far.close()
                 far = socket.create_connection(("127.0.0.1", sc.port), timeout=5)
             # A request that passes the key check keeps its connection, and the connection is no
             # longer anonymous: its next control request is not closed either.
-            for request in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % KEY.encode(),
-                            b"GET /health/sidecar HTTP/1.1\r\nHost: x\r\n\r\n"):
+            for request in (
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % KEY.encode(),
+                b"GET /health/sidecar HTTP/1.1\r\nHost: x\r\n\r\n",
+            ):
                 far.sendall(request)
                 answer = read_response(far)
                 assert status_of(answer) == 200 and header_of(answer, b"connection") is None, answer[:300]
@@ -339,13 +354,16 @@ def test_an_anonymous_reader_cannot_hold_a_connection_by_reading_a_little_at_a_t
         # The same reader on a connection that carried a relayed request (auth is off here: every
         # relayed request passes the key check) keeps the per-stall deadline.
         known = trickle_read(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 4)
-    print(f"trickle reader of a 4 MB page: anonymous cut after {anonymous[0]:.1f} s ({anonymous[1] / 1024:.0f} KiB "
-          f"read); after a relayed request still reading at {known[0]:.1f} s ({known[1] / 1024:.0f} KiB)")
+    print(
+        f"trickle reader of a 4 MB page: anonymous cut after {anonymous[0]:.1f} s ({anonymous[1] / 1024:.0f} KiB "
+        f"read); after a relayed request still reading at {known[0]:.1f} s ({known[1] / 1024:.0f} KiB)"
+    )
     assert anonymous[0] < 6 and anonymous[1] < 4_000_000
     assert known[0] >= 4 and known[1] > anonymous[1]
 
 
 # --- /engine/metrics -----------------------------------------------------------------------------
+
 
 def age_at_first_byte(url: str, out: list) -> None:
     """GET /engine/metrics; the age of the page when its first bytes arrived, its status and size."""
@@ -379,9 +397,11 @@ def test_engine_metrics_cost_one_render_per_interval_whatever_the_request_rate(e
             took = time.monotonic() - t0
         burst_renders = renders(client, engine) - before
         ages = [age for _, _, age in results]
-        print(f"40 concurrent GETs of a {size / 1e6:.1f} MB page: {len(results)} answered in {took:.2f} s, "
-              f"{burst_renders} engine renders; peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; "
-              f"page age at first byte max {max(ages):.3f} s")
+        print(
+            f"40 concurrent GETs of a {size / 1e6:.1f} MB page: {len(results)} answered in {took:.2f} s, "
+            f"{burst_renders} engine renders; peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; "
+            f"page age at first byte max {max(ages):.3f} s"
+        )
         assert len(results) == 40
         assert all(status == 200 and size - 200 < n <= size for status, n, _ in results), results[:3]
         assert burst_renders <= took / MAX_AGE_S + 1  # it was one per request
@@ -403,9 +423,10 @@ def test_engine_metrics_cost_one_render_per_interval_whatever_the_request_rate(e
         took = time.monotonic() - t0
         polled_renders = renders(client, engine) - before
         fresh = [age for _, _, age in polled if age is not None]
-        print(f"polled every 50 ms for {took:.1f} s: {len(polled)} pages, {polled_renders} renders, "
-              f"age max {max(fresh):.3f} s, median {statistics.median(fresh):.3f} s")
+        print(
+            f"polled every 50 ms for {took:.1f} s: {len(polled)} pages, {polled_renders} renders, "
+            f"age max {max(fresh):.3f} s, median {statistics.median(fresh):.3f} s"
+        )
         assert len(fresh) >= len(polled) - 2  # the first may still be the big page's
         assert max(fresh) < MAX_AGE_S + 0.1
         assert polled_renders <= took / MAX_AGE_S + 2
-

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion
-from helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion
+from tests.helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
+from tests.helpers.waiting import wait_until
 
 # warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
 ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
@@ -23,26 +23,49 @@ ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/m
 def leaked(client, engine, marker: str) -> list[str]:
     """Requests the engine saw that it should not have: a path off the allow-list, or one of ours."""
     stats = client.get(f"{engine.url}/fake/stats").json()
-    return ([p for p in stats["paths"] if p not in ALLOWED_UPSTREAM]
-            + [r for r in stats["request_ids"] if r and r.startswith(marker)])
+    return [p for p in stats["paths"] if p not in ALLOWED_UPSTREAM] + [
+        r for r in stats["request_ids"] if r and r.startswith(marker)
+    ]
 
 
 # --- the allow-list ---------------------------------------------------------------------------
 
 REFUSED_TARGETS = [
-    "/v1/chat/completions/batch", "/v1/responses", "/v1/responses/abc", "/v1/messages", "/invocations",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/embeddings", "/v1/audio/transcriptions",
-    "/pooling", "/v1/completions/", "//v1/completions", "/v1//completions", "/v1/./completions",
-    "/v1/%2e%2e/invocations", "/v1/completions/../../invocations", "/V1/completions", "/v1/completions%00",
-    "/v1/completions;x", "/v1", "/", "/version", "/server_info", "/reset_prefix_cache", "/collective_rpc",
+    "/v1/chat/completions/batch",
+    "/v1/responses",
+    "/v1/responses/abc",
+    "/v1/messages",
+    "/invocations",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/v1/embeddings",
+    "/v1/audio/transcriptions",
+    "/pooling",
+    "/v1/completions/",
+    "//v1/completions",
+    "/v1//completions",
+    "/v1/./completions",
+    "/v1/%2e%2e/invocations",
+    "/v1/completions/../../invocations",
+    "/V1/completions",
+    "/v1/completions%00",
+    "/v1/completions;x",
+    "/v1",
+    "/",
+    "/version",
+    "/server_info",
+    "/reset_prefix_cache",
+    "/collective_rpc",
 ]
 
 
 def test_only_allow_listed_routes_reach_the_engine(sidecar, engine, client):
     body = json.dumps(completion()).encode()
     for i, target in enumerate(REFUSED_TARGETS):
-        raw = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: refused-{i}\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        raw = (
+            f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: refused-{i}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         resp = raw_exchange(sidecar.port, raw)
         assert status_of(resp) == 404, (target, resp[:300])
         err = json.loads(resp.partition(b"\r\n\r\n")[2])["error"]
@@ -64,17 +87,29 @@ def test_relayed_with_the_normalized_path_and_the_query(sidecar, engine, client)
     # Percent-encoded unreserved characters are the same path (RFC 3986 6.2.2.2): allowed, and the
     # engine sees the canonical spelling, never the client's.
     body = json.dumps(completion()).encode()
-    raw = (f"POST /v1/%63ompletions?x=1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    raw = (
+        f"POST /v1/%63ompletions?x=1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     assert status_of(raw_exchange(sidecar.port, raw)) == 200
     assert "/v1/completions?x=1" in client.get(f"{engine.url}/fake/stats").json()["paths"]
 
 
 def test_hop_by_hop_headers_are_not_forwarded(sidecar, engine, client):
-    resp = client.post(f"{sidecar.url}/v1/completions", json=completion(), headers={
-        "Connection": "keep-alive, X-Hop-One", "X-Hop-One": "secret-1",
-        "Proxy-Connection": "X-Hop-Two", "X-Hop-Two": "secret-2", "Keep-Alive": "timeout=5",
-        "TE": "trailers", "Proxy-Authorization": "Basic eDp5", "X-End-To-End": "kept"})
+    resp = client.post(
+        f"{sidecar.url}/v1/completions",
+        json=completion(),
+        headers={
+            "Connection": "keep-alive, X-Hop-One",
+            "X-Hop-One": "secret-1",
+            "Proxy-Connection": "X-Hop-Two",
+            "X-Hop-Two": "secret-2",
+            "Keep-Alive": "timeout=5",
+            "TE": "trailers",
+            "Proxy-Authorization": "Basic eDp5",
+            "X-End-To-End": "kept",
+        },
+    )
     assert resp.status_code == 200
     seen = {k.lower(): v for k, v in client.get(f"{engine.url}/fake/stats").json()["headers"].items()}
     for hop in ("x-hop-one", "x-hop-two", "proxy-connection", "keep-alive", "te", "proxy-authorization"):
@@ -83,13 +118,17 @@ def test_hop_by_hop_headers_are_not_forwarded(sidecar, engine, client):
 
 
 def test_upgrade_is_refused_and_the_connection_closed(sidecar, engine, client):
-    upgrades = ("Connection: Upgrade\r\nUpgrade: websocket\r\n",
-                "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
-                "Upgrade: h2c\r\n")
+    upgrades = (
+        "Connection: Upgrade\r\nUpgrade: websocket\r\n",
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+        "Upgrade: h2c\r\n",
+    )
     for extra in upgrades:
         body = json.dumps(completion()).encode()
-        raw = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\n"
-               f"X-Request-Id: refused-upgrade\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        raw = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\n"
+            f"X-Request-Id: refused-upgrade\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         resp = raw_exchange(sidecar.port, raw)
         assert status_of(resp) == 400, resp[:300]
         assert b"connection: close" in resp.lower()
@@ -98,6 +137,7 @@ def test_upgrade_is_refused_and_the_connection_closed(sidecar, engine, client):
 
 
 # --- the bounded front end -------------------------------------------------------------------
+
 
 def test_a_200_mib_header_gets_431_in_a_second_without_growing_memory(sidecar, client):
     line = b"X-Big: " + b"a" * (200 * MIB) + b"\r\n"
@@ -109,7 +149,7 @@ def test_a_200_mib_header_gets_431_in_a_second_without_growing_memory(sidecar, c
             sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
             view = memoryview(line)
             while sent[0] < len(view):
-                sent[0] += sock.send(view[sent[0]:sent[0] + MIB])
+                sent[0] += sock.send(view[sent[0] : sent[0] + MIB])
         except OSError:
             pass  # the server closed after answering
 
@@ -129,8 +169,10 @@ def test_a_200_mib_header_gets_431_in_a_second_without_growing_memory(sidecar, c
         took = time.monotonic() - t0
         sock.close()
         sender.join(timeout=10)
-    print(f"200 MiB header: {status_of(answer) if answer else None} after {took:.3f} s, "
-          f"{sent[0] / MIB:.1f} MiB sent by then, peak RSS growth {rss.growth_mb:.1f} MB")
+    print(
+        f"200 MiB header: {status_of(answer) if answer else None} after {took:.3f} s, "
+        f"{sent[0] / MIB:.1f} MiB sent by then, peak RSS growth {rss.growth_mb:.1f} MB"
+    )
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert took < 1.0
     assert rss.growth_mb < 20
@@ -187,15 +229,21 @@ def test_connection_cap_refuses_cheaply(engine, sidecar_factory, client):
     with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4") as sc:
         held = [busy_connection(sc.port) for _ in range(4)]
         try:
-            wait_until(lambda: status_of(raw_exchange(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
-                       timeout_s=3, what="the fifth connection refused")
+            wait_until(
+                lambda: status_of(raw_exchange(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
+                timeout_s=3,
+                what="the fifth connection refused",
+            )
             resp = raw_exchange(sc.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
             assert json.loads(resp.partition(b"\r\n\r\n")[2])["error"]["code"] == "too_many_connections"
         finally:
             for s in held:
                 s.close()
-        wait_until(lambda: client.get(f"{sc.url}/v1/models").status_code == 200, timeout_s=5,
-                   what="served again once connections closed")
+        wait_until(
+            lambda: client.get(f"{sc.url}/v1/models").status_code == 200,
+            timeout_s=5,
+            what="served again once connections closed",
+        )
 
 
 def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, sidecar_factory, client):
@@ -206,14 +254,20 @@ def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, s
     with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4", PALMYRA_PROBE_PORT=str(probe_port)) as sc:
         held = [busy_connection(sc.port) for _ in range(4)]
         try:
-            wait_until(lambda: status_of(raw_exchange(sc.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
-                       timeout_s=3, what="the client port full: even /health refused there")
+            wait_until(
+                lambda: status_of(raw_exchange(sc.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
+                timeout_s=3,
+                what="the client port full: even /health refused there",
+            )
             for path in ("/health", "/health/sidecar", "/ready"):
                 resp = raw_exchange(probe_port, b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
                 assert status_of(resp) == 200, (path, resp[:300])
             # Nothing but the probes: no relay, no metrics, no engine behind this port.
-            for request in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
-                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"):
+            for request in (
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+            ):
                 resp = raw_exchange(probe_port, request)
                 assert status_of(resp) == 404, resp[:300]
                 error = json.loads(resp.partition(b"\r\n\r\n")[2])["error"]
@@ -221,16 +275,22 @@ def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, s
             # Its own cap: 16 held probe connections, the 17th refused; the client port unaffected.
             probes_held = [socket.create_connection(("127.0.0.1", probe_port)) for _ in range(16)]
             try:
-                wait_until(lambda: status_of(raw_exchange(probe_port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
-                           == 503, timeout_s=3, what="the 17th probe connection refused")
+                wait_until(
+                    lambda: status_of(raw_exchange(probe_port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) == 503,
+                    timeout_s=3,
+                    what="the 17th probe connection refused",
+                )
             finally:
                 for s in probes_held:
                     s.close()
         finally:
             for s in held:
                 s.close()
-        wait_until(lambda: client.get(f"{sc.url}/v1/models").status_code == 200, timeout_s=5,
-                   what="the client port served again once connections closed")
+        wait_until(
+            lambda: client.get(f"{sc.url}/v1/models").status_code == 200,
+            timeout_s=5,
+            what="the client port served again once connections closed",
+        )
         assert client.get(f"http://127.0.0.1:{probe_port}/ready").status_code == 200
 
 
@@ -238,8 +298,10 @@ def test_slow_body_has_its_own_deadline(engine, sidecar_factory):
     with sidecar_factory(engine.url, PALMYRA_BODY_TIMEOUT_S="1", PALMYRA_READ_TIMEOUT_S="30") as sc:
         with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
             t0 = time.monotonic()
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100\r\n\r\n{\"model\"")
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"model"'
+            )
             answer = s.recv(4096)
             took = time.monotonic() - t0
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
@@ -247,24 +309,36 @@ def test_slow_body_has_its_own_deadline(engine, sidecar_factory):
 
 
 def test_a_client_that_stops_reading_loses_its_slot(engine, sidecar_factory, client):
-    with sidecar_factory(engine.url, PALMYRA_WRITE_TIMEOUT_S="1", PALMYRA_MAX_MODEL_LEN="1000000",
-                         PALMYRA_MAX_IN_FLIGHT="1") as sc:
+    with sidecar_factory(
+        engine.url, PALMYRA_WRITE_TIMEOUT_S="1", PALMYRA_MAX_MODEL_LEN="1000000", PALMYRA_MAX_IN_FLIGHT="1"
+    ) as sc:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
         s.connect(("127.0.0.1", sc.port))
         body = json.dumps(completion(max_tokens=500000, stream=True)).encode()
         t0 = time.monotonic()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_until(lambda: "palmyra_in_flight_requests 1.0" in client.get(f"{sc.url}/metrics").text, timeout_s=5,
-                   what="the stream holds the slot")
-        wait_until(lambda: "palmyra_in_flight_requests 0.0" in client.get(f"{sc.url}/metrics").text, timeout_s=20,
-                   what="the slot freed")
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        wait_until(
+            lambda: "palmyra_in_flight_requests 1.0" in client.get(f"{sc.url}/metrics").text,
+            timeout_s=5,
+            what="the stream holds the slot",
+        )
+        wait_until(
+            lambda: "palmyra_in_flight_requests 0.0" in client.get(f"{sc.url}/metrics").text,
+            timeout_s=20,
+            what="the slot freed",
+        )
         freed = time.monotonic() - t0
         s.close()
         print(f"non-reading client: slot freed after {freed:.1f} s (write timeout 1 s)")
-        wait_until(lambda: client.get(f"{engine.url}/fake/stats").json()["aborted"] >= 1, timeout_s=5,
-                   what="the engine's stream aborted")
+        wait_until(
+            lambda: client.get(f"{engine.url}/fake/stats").json()["aborted"] >= 1,
+            timeout_s=5,
+            what="the engine's stream aborted",
+        )
         assert rejections(client, sc, "write_timeout") == 1
         assert client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200
 
@@ -274,8 +348,10 @@ def test_early_refusal_with_a_body_pending_still_reaches_the_client(engine, side
     # answer (lingering close), not a connection reset.
     with sidecar_factory(engine.url, PALMYRA_MAX_BODY_BYTES="1000") as sc:
         with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 50000000\r\n\r\n" + b"x" * 200000)
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 50000000\r\n\r\n" + b"x" * 200000
+            )
             answer = s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
 
@@ -287,8 +363,10 @@ def test_a_refusal_before_the_body_says_the_connection_closes(engine, sidecar_fa
     a response"). A refusal of a request without a body keeps the connection."""
     with sidecar_factory(engine.url, PALMYRA_API_KEYS="sk-edge-test-key-0123456789abcdef") as sc:
         body = b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2}'
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
         with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
             s.sendall(head)  # the body is held back until the answer is in
             answer = s.recv(65536)
@@ -351,18 +429,27 @@ def test_chat_roles_outside_the_schema_are_refused(capped, client):
         assert err["code"] == "invalid_role" and err["param"] == "messages"
     ok = client.post(f"{capped.url}/v1/chat/completions", json=chat("system", "developer", "user", "assistant", "user"))
     assert ok.status_code == 200
-    assert_openai_error(client.post(f"{capped.url}/v1/chat/completions",
-                                    json={"model": "palmyra-mini", "messages": "hi"}), 400, "invalid_parameter")
+    assert_openai_error(
+        client.post(f"{capped.url}/v1/chat/completions", json={"model": "palmyra-mini", "messages": "hi"}),
+        400,
+        "invalid_parameter",
+    )
     assert rejections(client, capped, "invalid_role") == 6
 
 
 # --- auth fails closed ------------------------------------------------------------------------
 
+
 def start_refused(log_dir: Path, **env: str) -> str:
     port = procs.free_port()
     log_path = log_dir / f"refused-{port}.log"
-    base = {"PALMYRA_PORT": str(port), "PALMYRA_HOST": "127.0.0.1", "PALMYRA_ENGINE_URL": "http://127.0.0.1:9",
-            "PALMYRA_API_KEYS": "", "PALMYRA_AUTH_DISABLED": "false"}
+    base = {
+        "PALMYRA_PORT": str(port),
+        "PALMYRA_HOST": "127.0.0.1",
+        "PALMYRA_ENGINE_URL": "http://127.0.0.1:9",
+        "PALMYRA_API_KEYS": "",
+        "PALMYRA_AUTH_DISABLED": "false",
+    }
     proc = procs.spawn([procs.PALMYRA, "sidecar"], log_path, {**base, **env})
     try:
         assert proc.wait(timeout=30) == 2
@@ -383,8 +470,9 @@ def test_auth_refuses_to_start_open_or_with_placeholder_keys(log_dir, tmp_path):
     assert "placeholder" in start_refused(log_dir, PALMYRA_API_KEYS_FILE=str(placeholder_file))
     # The engine key is held to the same rule (Compose's env files once shipped this one); a real
     # client key, so the engine key is the only reason left to refuse.
-    refused = start_refused(log_dir, PALMYRA_API_KEYS="a-real-client-key-123",
-                            PALMYRA_ENGINE_API_KEY="change-me-engine-key")
+    refused = start_refused(
+        log_dir, PALMYRA_API_KEYS="a-real-client-key-123", PALMYRA_ENGINE_API_KEY="change-me-engine-key"
+    )
     assert "engine key (PALMYRA_ENGINE_API_KEY) is a placeholder" in refused
     assert "change-me-engine-key" not in refused  # the value itself is never logged
 
@@ -393,6 +481,7 @@ def test_keys_reload_when_the_file_changes(engine, sidecar_factory, client, tmp_
     keyfile = tmp_path / "keys"
     keyfile.write_text("first-key-123456\n")
     with sidecar_factory(engine.url, PALMYRA_API_KEYS_FILE=str(keyfile), PALMYRA_AUTH_DISABLED="false") as sc:
+
         def status(key: str) -> int:
             return client.get(f"{sc.url}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
 
@@ -405,8 +494,11 @@ def test_keys_reload_when_the_file_changes(engine, sidecar_factory, client, tmp_
         keyfile.write_text("# emptied by mistake\n")  # unusable: the previous keys stay in force
         # The file is checked from the request path (at most once a second): requests drive it,
         # and the sidecar logs when it found the new file unusable.
-        wait_until(lambda: status("second-key-123456") == 200 and "unusable" in sc.log(), timeout_s=5,
-                   what="the sidecar to read the emptied key file and log it unusable")
+        wait_until(
+            lambda: status("second-key-123456") == 200 and "unusable" in sc.log(),
+            timeout_s=5,
+            what="the sidecar to read the emptied key file and log it unusable",
+        )
         assert status("second-key-123456") == 200
 
 
@@ -414,10 +506,17 @@ def test_bodies_held_before_admission_are_capped_over_all_connections(engine, si
     # Bodies are read before a slot is taken, so the cap is on bytes held over all connections:
     # (in flight + queue) x body cap = 2 x 1000 bytes here (fixed mode: in flight is max_in_flight;
     # adaptive would count its ceiling, tests/unit/test_edge_front_parts.py).
-    with sidecar_factory(engine.url, PALMYRA_ADMISSION_MODE="fixed", PALMYRA_MAX_IN_FLIGHT="1",
-                         PALMYRA_MAX_QUEUE="1", PALMYRA_MAX_BODY_BYTES="1000") as sc:
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 1000\r\n\r\n")
+    with sidecar_factory(
+        engine.url,
+        PALMYRA_ADMISSION_MODE="fixed",
+        PALMYRA_MAX_IN_FLIGHT="1",
+        PALMYRA_MAX_QUEUE="1",
+        PALMYRA_MAX_BODY_BYTES="1000",
+    ) as sc:
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n"
+        )
         slow = [socket.create_connection(("127.0.0.1", sc.port), timeout=10) for _ in range(3)]
         try:
             for s in slow[:2]:
@@ -435,5 +534,8 @@ def test_bodies_held_before_admission_are_capped_over_all_connections(engine, si
         finally:
             for s in slow:
                 s.close()
-        wait_until(lambda: client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200,
-                   timeout_s=5, what="bodies released once their connections closed")
+        wait_until(
+            lambda: client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200,
+            timeout_s=5,
+            what="bodies released once their connections closed",
+        )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from helpers import procs
-from helpers.api import body_when_ready, ready_body
-from helpers.procs import fake_engine
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import body_when_ready, ready_body
+from tests.helpers.procs import fake_engine
+from tests.helpers.waiting import wait_until
 
 
 def test_slow_starting_engine_then_ready_after_warmup(sidecar_factory, log_dir, client):

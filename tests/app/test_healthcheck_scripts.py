@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
+from tests.helpers import procs
 
 PROBE = Path(__file__).resolve().parents[2] / "healthchecks" / "http_probe.py"
 SLOW_S = 6.0  # how long the slow routes stall: well past every timeout used below
@@ -40,7 +40,7 @@ class Endpoints:
 class _Handler(BaseHTTPRequestHandler):
     stop: threading.Event  # set by the fixture at teardown so stalled handlers end early
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # `format` as the stdlib names it
         pass  # keep pytest's output clean
 
     def _json(self, status: int, doc: dict) -> None:
@@ -51,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:  # http.server's name
         if self.path == "/health":
             self._json(200, {"status": "ok", "detail": None, "ready": True})
         elif self.path == "/ready":
@@ -78,8 +78,6 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # the probe hangs up on slow routes on purpose: broken pipes are expected
-
-
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,15 @@ import json
 import socket
 import time
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion, raw_json_post
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion, raw_json_post
+from tests.helpers.waiting import wait_until
 
 
 def test_non_streaming_completion_is_relayed_with_request_id(sidecar, engine, client):
-    resp = client.post(f"{sidecar.url}/v1/completions", json=completion(max_tokens=3),
-                       headers={"X-Request-Id": "abc-123"})
+    resp = client.post(
+        f"{sidecar.url}/v1/completions", json=completion(max_tokens=3), headers={"X-Request-Id": "abc-123"}
+    )
     assert resp.status_code == 200
     assert resp.json()["choices"][0]["text"] == "t0t1t2"
     assert resp.headers["x-request-id"] == "abc-123"
@@ -29,8 +30,9 @@ def test_unsafe_request_id_is_replaced_not_forwarded(sidecar, client):
 
 def test_stream_is_relayed_chunk_by_chunk_not_buffered(sidecar, client):
     arrivals = []
-    with client.stream("POST", f"{sidecar.url}/v1/completions",
-                       json=completion("fake:slow", max_tokens=5, stream=True)) as resp:
+    with client.stream(
+        "POST", f"{sidecar.url}/v1/completions", json=completion("fake:slow", max_tokens=5, stream=True)
+    ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
@@ -46,8 +48,7 @@ def test_stream_is_relayed_chunk_by_chunk_not_buffered(sidecar, client):
 def test_an_engine_4xx_keeps_its_message_in_openai_shape(sidecar, client):
     resp = client.post(f"{sidecar.url}/v1/completions", json=completion("fake:error"))
     err = assert_openai_error(resp, 400)
-    assert err == {"message": "bad sampling parameter", "type": "BadRequestError", "param": "temperature",
-                   "code": 400}
+    assert err == {"message": "bad sampling parameter", "type": "BadRequestError", "param": "temperature", "code": 400}
 
 
 def test_engine_unreachable_is_503_with_retry_after(sidecar_factory, client):
@@ -77,15 +78,17 @@ def test_unreadable_upstream_is_502(sidecar, client):
 def test_engine_dying_mid_stream_ends_with_error_event(sidecar, client):
     t0 = time.monotonic()
     events = []
-    with client.stream("POST", f"{sidecar.url}/v1/completions",
-                       json=completion("fake:die", max_tokens=10, stream=True)) as resp:
+    with client.stream(
+        "POST", f"{sidecar.url}/v1/completions", json=completion("fake:die", max_tokens=10, stream=True)
+    ) as resp:
         assert resp.status_code == 200
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 events.append(line[6:])
     assert time.monotonic() - t0 < 2
-    assert events[:3] == [json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}]})
-                          for i in range(3)]
+    assert events[:3] == [
+        json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}]}) for i in range(3)
+    ]
     assert json.loads(events[3])["error"]["code"] == "stream_interrupted"
     assert events[4] == "[DONE]"
     metrics = client.get(f"{sidecar.url}/metrics").text
@@ -94,8 +97,11 @@ def test_engine_dying_mid_stream_ends_with_error_event(sidecar, client):
 
 def assert_one_more_abort(client, engine, before: int) -> None:
     """The fake engine counts one more generation cut by its caller within 5 s."""
-    stats = wait_until(lambda: (s := client.get(f"{engine.url}/fake/stats").json())["aborted"] > before and s,
-                       5, "the engine to see the generation cut")
+    stats = wait_until(
+        lambda: (s := client.get(f"{engine.url}/fake/stats").json())["aborted"] > before and s,
+        5,
+        "the engine to see the generation cut",
+    )
     assert stats["aborted"] == before + 1, stats
 
 
@@ -114,11 +120,15 @@ def test_client_disconnect_aborts_the_upstream_stream(sidecar, engine, client):
 def test_client_disconnect_aborts_a_non_streamed_generation_before_any_byte_came_back(sidecar, engine, client):
     before = client.get(f"{engine.url}/fake/stats").json()["aborted"]
     with socket.create_connection(("127.0.0.1", sidecar.port)) as sock:
-        sock.sendall(raw_json_post("/v1/completions", completion("fake:hang", max_tokens=5),
-                                   {"X-Request-Id": "hold-1"}))
+        sock.sendall(
+            raw_json_post("/v1/completions", completion("fake:hang", max_tokens=5), {"X-Request-Id": "hold-1"})
+        )
         # The engine holds the request; nothing has been answered yet.
-        wait_until(lambda: "hold-1" in client.get(f"{engine.url}/fake/stats").json()["request_ids"], 5,
-                   "the engine to hold the request")
+        wait_until(
+            lambda: "hold-1" in client.get(f"{engine.url}/fake/stats").json()["request_ids"],
+            5,
+            "the engine to hold the request",
+        )
     assert_one_more_abort(client, engine, before)
     metrics = client.get(f"{sidecar.url}/metrics").text
     assert "palmyra_in_flight_requests 0.0" in metrics
@@ -126,9 +136,10 @@ def test_client_disconnect_aborts_a_non_streamed_generation_before_any_byte_came
 
 def test_models_and_metrics_after_traffic(sidecar, client):
     assert client.get(f"{sidecar.url}/v1/models").json()["data"][0]["id"] == "palmyra-mini"
-    client.post(f"{sidecar.url}/v1/chat/completions",
-                json={"model": "palmyra-mini", "messages": [{"role": "user", "content": "x"}], "max_tokens": 6,
-                      "stream": True})
+    client.post(
+        f"{sidecar.url}/v1/chat/completions",
+        json={"model": "palmyra-mini", "messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "stream": True},
+    )
     text = client.get(f"{sidecar.url}/metrics").text
     assert 'palmyra_requests_total{route="models",status="200"} 1.0' in text
     assert 'palmyra_requests_total{route="chat_completions",status="200"} 1.0' in text
@@ -145,10 +156,11 @@ def test_one_json_log_line_per_request(sidecar, client):
     def access() -> list[dict]:
         lines = [json.loads(line) for line in sidecar.log().splitlines() if line.startswith("{")]
         return [e for e in lines if e.get("logger") == "palmyra.access" and e.get("request_id") == "log-1"]
+
     wait_until(access, 5, "the access log line")
-    access = access()
-    assert len(access) == 1
-    entry = access[0]
+    entries = access()
+    assert len(entries) == 1
+    entry = entries[0]
     assert entry["status"] == 200 and entry["route"] == "completions"
     assert entry["completion_tokens"] == 2 and entry["prompt_tokens"] == 3
     assert entry["duration_ms"] >= entry["ttft_ms"] > 0

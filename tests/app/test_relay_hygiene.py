@@ -19,10 +19,10 @@ import time
 
 import httpx
 
-from helpers.api import assert_openai_error, completion
-from helpers.api import metric_value as sample
-from helpers.fake_engine import LEAKED_SECRET
-from helpers.waiting import wait_until
+from tests.helpers.api import HTTP, assert_openai_error, completion
+from tests.helpers.api import metric_value as sample
+from tests.helpers.fake_engine import LEAKED_SECRET
+from tests.helpers.waiting import wait_until
 
 KEY = "hygiene-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -58,23 +58,32 @@ def test_tokenize_has_a_gate_of_its_own(engine, sidecar_factory, client):
         assert set(statuses) <= {200, 429} and statuses.count(200) >= 4 and 429 in statuses
         # Generations keep their own slots meanwhile.
         assert client.post(f"{sc.url}/v1/completions", json=completion()).status_code == 200
-    print(f"40 concurrent tokenizations: at most {seen} at the engine, {statuses.count(200)} served, "
-          f"{statuses.count(429)} refused")
+    print(
+        f"40 concurrent tokenizations: at most {seen} at the engine, {statuses.count(200)} served, "
+        f"{statuses.count(429)} refused"
+    )
 
 
 def _send_and_close(url: str, body: bytes) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
 
 def test_a_queued_request_whose_client_left_gives_its_place_up_at_once(engine, sidecar_factory, client):
-    env = {"PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": "1", "PALMYRA_MAX_QUEUE": "4",
-           "PALMYRA_QUEUE_TIMEOUT_S": "30"}
+    env = {
+        "PALMYRA_ADMISSION_MODE": "fixed",
+        "PALMYRA_MAX_IN_FLIGHT": "1",
+        "PALMYRA_MAX_QUEUE": "4",
+        "PALMYRA_QUEUE_TIMEOUT_S": "30",
+    }
     with sidecar_factory(engine.url, **env) as sc, concurrent.futures.ThreadPoolExecutor(2) as pool:
-        busy = pool.submit(httpx.post, f"{sc.url}/v1/completions",
-                           json=completion("fake:slow", max_tokens=10, stream=True), timeout=30)
+        busy = pool.submit(
+            httpx.post, f"{sc.url}/v1/completions", json=completion("fake:slow", max_tokens=10, stream=True), timeout=30
+        )
         queued = lambda: sample(client, sc.url, "palmyra_queued_requests")  # noqa: E731
         wait_until(lambda: sample(client, sc.url, "palmyra_in_flight_requests") == 1, 5, "the only slot taken")
         body = httpx.Request("POST", sc.url, json=completion()).content
@@ -96,11 +105,16 @@ def test_sigterm_exits_at_once_with_only_a_slow_upload_open(engine, sidecar_fact
         sock = socket.create_connection((host, int(port)))
         # A body of 1000 bytes announced, 10 sent: the upload would hold the connection for its
         # whole deadline (PALMYRA_BODY_TIMEOUT_S, 30 s by default).
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: 1000\r\n\r\n" + b'{"model": ')
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000\r\n\r\n" + b'{"model": '
+        )
         sock.settimeout(15)
-        wait_until(lambda: sample(httpx, sc.url, "palmyra_request_bodies_arriving") == 1, 5,
-                   "the request to wait in the relay for the rest of its body")
+        wait_until(
+            lambda: sample(HTTP, sc.url, "palmyra_request_bodies_arriving") == 1,
+            5,
+            "the request to wait in the relay for the rest of its body",
+        )
         t0 = time.monotonic()
         sc.proc.send_signal(signal.SIGTERM)
         code = sc.proc.wait(timeout=20)
@@ -114,8 +128,13 @@ def test_sigterm_exits_at_once_with_only_a_slow_upload_open(engine, sidecar_fact
 
 def test_the_key_comes_before_anything_about_the_routes(engine, sidecar_factory, client):
     with sidecar_factory(engine.url, PALMYRA_API_KEYS=KEY) as sc:
-        for method, path in (("GET", "/v1/completions"), ("POST", "/v1/nothing-here"), ("GET", "/openapi.json"),
-                             ("GET", "/docs"), ("DELETE", "/v1/models")):
+        for method, path in (
+            ("GET", "/v1/completions"),
+            ("POST", "/v1/nothing-here"),
+            ("GET", "/openapi.json"),
+            ("GET", "/docs"),
+            ("DELETE", "/v1/models"),
+        ):
             resp = client.request(method, f"{sc.url}{path}")
             assert_openai_error(resp, 401, "invalid_api_key")
             assert "allow" not in resp.headers, path

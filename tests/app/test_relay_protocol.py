@@ -10,10 +10,10 @@ import re
 import socket
 import time
 
-from helpers import procs
-from helpers.api import assert_openai_error, completion, raw_json_post
-from helpers.fake_engine import METRICS_PAGE, METRICS_TYPE, USAGE_TRICKY
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import assert_openai_error, completion, raw_json_post
+from tests.helpers.fake_engine import METRICS_PAGE, METRICS_TYPE, USAGE_TRICKY
+from tests.helpers.waiting import wait_until
 
 
 def metric(text: str, series: str) -> float:
@@ -28,9 +28,11 @@ def access_entries(server: procs.Server, request_id: str) -> list[dict]:
 
 
 def test_a_stream_split_everywhere_is_counted_exactly_and_relayed_unchanged(sidecar, client):
-    from helpers.fake_engine import _tricky_stream
-    with client.stream("POST", f"{sidecar.url}/v1/completions",
-                       json=completion("fake:tricky-sse", n=2, stream=True)) as resp:
+    from tests.helpers.fake_engine import _tricky_stream
+
+    with client.stream(
+        "POST", f"{sidecar.url}/v1/completions", json=completion("fake:tricky-sse", n=2, stream=True)
+    ) as resp:
         assert resp.status_code == 200
         body = b"".join(resp.iter_raw())
     assert body == b"".join(_tricky_stream())
@@ -46,13 +48,15 @@ def test_interim_responses_are_skipped_and_the_final_answer_relayed(sidecar, cli
     resp = client.post(f"{sidecar.url}/v1/completions", json=completion("fake:interim"))
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "t0t1"
     assert "link" not in resp.headers  # the 103's field belongs to the 103
-    assert metric(client.get(f"{sidecar.url}/metrics").text,
-                  'palmyra_output_tokens_total{route="completions"}') == 2
+    assert metric(client.get(f"{sidecar.url}/metrics").text, 'palmyra_output_tokens_total{route="completions"}') == 2
 
 
 def test_a_close_delimited_body_is_relayed_as_complete(sidecar, client):
-    resp = client.post(f"{sidecar.url}/v1/completions", json=completion("fake:close-delimited"),
-                       headers={"X-Request-Id": "close-delimited-1"})
+    resp = client.post(
+        f"{sidecar.url}/v1/completions",
+        json=completion("fake:close-delimited"),
+        headers={"X-Request-Id": "close-delimited-1"},
+    )
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 2
     entry = wait_until(lambda: access_entries(sidecar, "close-delimited-1"), 5, "the access log line")[0]
     assert entry["status"] == 200 and "upstream_error" not in entry and entry["completion_tokens"] == 2
@@ -77,8 +81,9 @@ def test_a_request_the_engine_read_is_never_sent_again(sidecar, engine, client):
     # A first request leaves a kept-alive connection in the relay's pool; the second goes out on it,
     # and the engine reads it and closes without a byte: the relay must not resend it.
     assert client.post(f"{sidecar.url}/v1/completions", json=completion()).status_code == 200
-    resp = client.post(f"{sidecar.url}/v1/completions", json=completion("fake:read-and-close"),
-                       headers={"X-Request-Id": "only-once-1"})
+    resp = client.post(
+        f"{sidecar.url}/v1/completions", json=completion("fake:read-and-close"), headers={"X-Request-Id": "only-once-1"}
+    )
     assert_openai_error(resp, 502, "bad_upstream")
     assert client.get(f"{engine.url}/fake/stats").json()["request_ids"].count("only-once-1") == 1
 
@@ -91,7 +96,9 @@ def test_a_non_streamed_body_cut_midway_ends_the_response_cleanly(sidecar, clien
             received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ")
-    length = int(re.search(rb"(?i)\r\ncontent-length: (\d+)", head).group(1))
+    announced = re.search(rb"(?i)\r\ncontent-length: (\d+)", head)
+    assert announced, head
+    length = int(announced.group(1))
     assert 0 < len(body) < length  # what the client sees: a 200 whose body stops short
     entry = wait_until(lambda: access_entries(sidecar, "cut-1"), 5, "the access log line")[0]
     assert entry["status"] == 200 and entry["truncated"] is True
@@ -109,8 +116,9 @@ def test_a_stream_cut_by_the_engine_drops_readiness_at_once_until_a_later_poll(e
     # A slow health poll, so what drops readiness can only be the relay's own report.
     with sidecar_factory(engine.url, PALMYRA_HEALTH_POLL_INTERVAL_S="4") as sc:
         assert client.get(f"{sc.url}/ready").status_code == 200
-        with client.stream("POST", f"{sc.url}/v1/completions",
-                           json=completion("fake:die", max_tokens=10, stream=True)) as resp:
+        with client.stream(
+            "POST", f"{sc.url}/v1/completions", json=completion("fake:die", max_tokens=10, stream=True)
+        ) as resp:
             tail = b"".join(resp.iter_raw())
         cut = time.monotonic()
         ready = client.get(f"{sc.url}/ready")
@@ -141,12 +149,18 @@ def test_engine_metrics_are_relayed_unchanged_without_a_key(engine, sidecar_fact
         # Served from a copy at most 200 ms old (tests/app/test_edge_bypasses.py): a change on the
         # engine shows once the copy is replaced.
         client.post(f"{engine.url}/fake/control", json={"metrics": "fail"})
-        resp = wait_until(lambda: (r := client.get(f"{sc.url}/engine/metrics")).status_code == 500 and r, 2,
-                          "the engine's failure served")
+        resp = wait_until(
+            lambda: (r := client.get(f"{sc.url}/engine/metrics")).status_code == 500 and r,
+            2,
+            "the engine's failure served",
+        )
         assert resp.text == "metrics broke"  # the engine's answer, as it was
         client.post(f"{engine.url}/fake/control", json={"metrics": "huge"})
-        resp = wait_until(lambda: (r := client.get(f"{sc.url}/engine/metrics")).status_code == 503 and r, 2,
-                          "the page over the cap refused")
+        resp = wait_until(
+            lambda: (r := client.get(f"{sc.url}/engine/metrics")).status_code == 503 and r,
+            2,
+            "the page over the cap refused",
+        )
         assert_openai_error(resp, 503, "bad_upstream")
 
 

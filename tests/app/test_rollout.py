@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.rollout import HEADER, Report, simulate
+from tests.helpers.rollout import HEADER, Report, simulate
 
 # HAProxy checks /ready every second and drops a replica after 3 failures: 2-3 s of propagation.
 INTER_S, FALL = 1.0, 3

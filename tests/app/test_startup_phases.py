@@ -9,10 +9,10 @@ import time
 
 import httpx
 
-from helpers import procs
-from helpers.api import body_when_ready
-from helpers.procs import fake_engine
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import body_when_ready
+from tests.helpers.procs import fake_engine
+from tests.helpers.waiting import wait_until
 
 # The warmup plan's sequential steps at max_model_len 2048 (3 completion lengths, one streamed long
 # completion, chat, chat streamed) plus the concurrent burst: at least 7 generation delays.

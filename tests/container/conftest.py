@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size, run_logged
+
+from tests.container.podman_helpers import ENGINE_IMAGE, PODMAN_DIR, SIDECAR_IMAGE, BuiltImages, image_size, run_logged
 
 REPORT = Path(os.environ.get("PALMYRA_CONTAINER_REPORT", "/tmp/palmyra-container-report.json"))
 _SUMMARY: list[str] = []
@@ -29,7 +30,9 @@ _SUMMARY: list[str] = []
 @pytest.fixture(scope="session")
 def podman_env() -> Iterator[None]:
     for binary in ("podman", "runc", "debootstrap"):
-        assert shutil.which(binary), f"{binary} missing: ./test.sh container installs it (apt-get install podman runc debootstrap)"
+        assert shutil.which(binary), (
+            f"{binary} missing: ./test.sh container installs it (apt-get install podman runc debootstrap)"
+        )
     previous = os.environ.get("CONTAINERS_CONF")
     os.environ["CONTAINERS_CONF"] = str(PODMAN_DIR / "containers.conf")
     yield

@@ -60,8 +60,9 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def http(method: str, url: str, body: dict | None = None, timeout: float = 10,
-         api_key: str | None = None) -> tuple[int, dict]:
+def http(
+    method: str, url: str, body: dict | None = None, timeout: float = 10, api_key: str | None = None
+) -> tuple[int, dict]:
     """Status and JSON body (a non-JSON body, such as a metrics page, as {"raw": text})."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"}
@@ -112,7 +113,13 @@ def completion(base_url: str, max_tokens: int = 8, api_key: str | None = None) -
     return http(
         "POST",
         f"{base_url}/v1/completions",
-        {"model": "palmyra-mini", "prompt": "Hello world", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        {
+            "model": "palmyra-mini",
+            "prompt": "Hello world",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
         timeout=120,
         api_key=api_key,
     )

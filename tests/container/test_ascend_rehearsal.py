@@ -19,17 +19,15 @@ Heavy: run under the machine-wide lock (flock /tmp/palmyra-heavy.lock ...).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from podman_helpers import PODMAN_DIR, REPO, podman, run_logged
+
+from tests.container.podman_helpers import PODMAN_DIR, podman, run_logged
+from tests.static import ascend_command as cmd
+from tests.static import ascend_upstream as up
 
 pytestmark = pytest.mark.container
-
-sys.path.insert(0, str(REPO / "tests" / "static"))
-import ascend_command as cmd
-import ascend_upstream as up
 
 STAND_IN = "localhost/palmyra-stand-in/vllm-ascend:v0.18.0"
 IMAGE = "localhost/ascend-image-rehearsal/engine-ascend:stand-in"
@@ -37,12 +35,32 @@ UID, GID = 1234, 2345  # not the default 1000: the build arguments must take eff
 # The node's HwHiAiUser group when it is not the image's: added by number, as group_add does.
 NODE_GID = 3456
 # What the launcher imports that upstream's image has, at the versions upstream's set resolves to.
-FROM_UPSTREAM = ("pydantic", "pydantic-core", "typing-extensions", "typing-inspection", "annotated-types",
-                 "python-dotenv", "huggingface-hub", "modelscope")
+FROM_UPSTREAM = (
+    "pydantic",
+    "pydantic-core",
+    "typing-extensions",
+    "typing-inspection",
+    "annotated-types",
+    "python-dotenv",
+    "huggingface-hub",
+    "modelscope",
+)
 # Every variable naming a directory the engine, CANN, vLLM or a library writes into.
-DIR_VARS = ("PALMYRA_WORK_DIR", "HOME", "TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "MODELSCOPE_CACHE",
-            "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
-            "ASCEND_PROCESS_LOG_PATH")
+DIR_VARS = (
+    "PALMYRA_WORK_DIR",
+    "HOME",
+    "TMPDIR",
+    "VLLM_CACHE_ROOT",
+    "VLLM_CONFIG_ROOT",
+    "HF_HOME",
+    "MODELSCOPE_CACHE",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "NUMBA_CACHE_DIR",
+    "ASCEND_CACHE_PATH",
+    "ASCEND_WORK_PATH",
+    "ASCEND_PROCESS_LOG_PATH",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +71,19 @@ def rehearsal_image(podman_env: None, tmp_path_factory: pytest.TempPathFactory) 
     packages = " ".join(f"{name}=={versions[name]}" for name in FROM_UPSTREAM)
     run_logged([str(PODMAN_DIR / "build-vllm-ascend-stand-in.sh"), packages], logs / "stand-in.log", timeout=1200)
     run_logged(
-        [str(PODMAN_DIR / "build-image.sh"), "engine-ascend", IMAGE, "--build-arg", f"VLLM_ASCEND_BASE={STAND_IN}",
-         "--build-arg", f"HWHIAIUSER_UID={UID}", "--build-arg", f"HWHIAIUSER_GID={GID}"],
-        logs / "engine-ascend.log", timeout=1800,
+        [
+            str(PODMAN_DIR / "build-image.sh"),
+            "engine-ascend",
+            IMAGE,
+            "--build-arg",
+            f"VLLM_ASCEND_BASE={STAND_IN}",
+            "--build-arg",
+            f"HWHIAIUSER_UID={UID}",
+            "--build-arg",
+            f"HWHIAIUSER_GID={GID}",
+        ],
+        logs / "engine-ascend.log",
+        timeout=1800,
     )
     build = (logs / "engine-ascend.log").read_text()
     return IMAGE, build
@@ -74,18 +102,43 @@ for var in DIR_VARS; do
   d=${!var:-}
   [ -n "$d" ] || continue
   # As the process that uses it would: create it when missing, then write into it.
-  if mkdir -p "$d" 2>/dev/null && touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then echo "writable: $var=$d"; else echo "NOT writable: $var=$d"; fi
+  if mkdir -p "$d" 2>/dev/null && touch "$d/.probe" 2>/dev/null && rm "$d/.probe"; then
+    echo "writable: $var=$d"
+  else
+    echo "NOT writable: $var=$d"
+  fi
 done
-if touch /tmp/.probe 2>/dev/null && rm /tmp/.probe; then echo "writable: tmpfs=/tmp"; else echo "NOT writable: tmpfs=/tmp"; fi
+if touch /tmp/.probe 2>/dev/null && rm /tmp/.probe; then
+  echo "writable: tmpfs=/tmp"
+else
+  echo "NOT writable: tmpfs=/tmp"
+fi
 echo "root: $(awk '$2 == "/" { split($4, o, ","); print o[1] }' /proc/mounts | tail -1)"
 echo "command: $("$@")"
 """
 
 
-def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: dict[str, str] | None = None,
-                    groups: tuple[int, ...] = ()):
-    args = ["run", "--rm", "--network", "host", "--read-only", "--tmpfs", "/tmp:rw,mode=1777",
-            "-v", f"{cache}:/cache", "-v", f"{models}:/models:ro"]
+def run_as_operator(
+    image: str,
+    cache: Path,
+    models: Path,
+    *command: str,
+    env: dict[str, str] | None = None,
+    groups: tuple[int, ...] = (),
+):
+    args = [
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--read-only",
+        "--tmpfs",
+        "/tmp:rw,mode=1777",
+        "-v",
+        f"{cache}:/cache",
+        "-v",
+        f"{models}:/models:ro",
+    ]
     for gid in groups:
         args += ["--group-add", str(gid)]
     for key, value in (env or {}).items():
@@ -93,14 +146,19 @@ def run_as_operator(image: str, cache: Path, models: Path, *command: str, env: d
     return podman(*args, image, *command, check=False, timeout=300)
 
 
-def probe(image: str, cache: Path, models: Path, env: dict[str, str], groups: tuple[int, ...]) -> tuple[dict, dict, str]:
+def probe(
+    image: str, cache: Path, models: Path, env: dict[str, str], groups: tuple[int, ...]
+) -> tuple[dict, dict, str]:
     """Runs PROBE through the image's entrypoint, then the image's CMD with --print-command."""
     script = PROBE.replace("DIR_VARS", " ".join(DIR_VARS))
-    run = run_as_operator(image, cache, models, "bash", "-c", script, "probe", *cmd.print_argv(), env=env, groups=groups)
+    run = run_as_operator(
+        image, cache, models, "bash", "-c", script, "probe", *cmd.print_argv(), env=env, groups=groups
+    )
     print(run.stdout)
     print(run.stderr)
     assert run.returncode == 0, run.stderr
-    out, dirs = {}, {}
+    out: dict[str, str] = {}
+    dirs: dict[str, tuple[bool, str]] = {}
     for line in run.stdout.splitlines():
         key, sep, value = line.partition(": ")
         if key in ("writable", "NOT writable"):
@@ -147,7 +205,9 @@ def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image
     # Every directory the image's environment names, at the image's value, is writable.
     image_env = cmd.image_env()
     on_cache = {k for k, v in image_env.items() if v.startswith("/cache")}
-    assert on_cache <= set(DIR_VARS), f"a path variable of the image the probe does not know: {on_cache - set(DIR_VARS)}"
+    assert on_cache <= set(DIR_VARS), (
+        f"a path variable of the image the probe does not know: {on_cache - set(DIR_VARS)}"
+    )
     assert dirs == {**{k: (True, image_env[k]) for k in on_cache}, "tmpfs": (True, "/tmp")}, dirs
     # The printed command is the host's line, which test_ascend_image.py parses with vLLM 0.18.0.
     image_assigned, image_words = cmd.split(out["command"])
@@ -161,21 +221,25 @@ def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image
 def deployed(where: str) -> tuple[dict[str, str], tuple[int, ...]]:
     """The engine's environment and added groups as Compose and the k8s overlay deploy them."""
     if where == "compose":
-        from test_ascend_deploy import compose_config
+        from tests.static.test_ascend_deploy import compose_config
 
         engine = compose_config(HWHIAIUSER_GID=str(NODE_GID))["engine"]
         return {k: str(v) for k, v in engine["environment"].items()}, tuple(int(g) for g in engine["group_add"])
-    from test_k8s import config_data, container, pod_spec, render
+    from tests.static.test_k8s import config_data, container, pod_spec, render
 
     objects = render("ascend-hami")
     spec = pod_spec(objects)
-    env = {**config_data(objects), **{e["name"]: e["value"] for e in container(spec, "engine").get("env", []) if "value" in e}}
+    env = {
+        **config_data(objects),
+        **{e["name"]: e["value"] for e in container(spec, "engine").get("env", []) if "value" in e},
+    }
     return env, tuple(spec["securityContext"].get("supplementalGroups", []))
 
 
 @pytest.mark.parametrize("where", ["compose", "k8s"])
-def test_deployed_environment_is_writable_under_the_read_only_root(rehearsal_image: tuple[str, str], volumes,
-                                                                   where: str) -> None:
+def test_deployed_environment_is_writable_under_the_read_only_root(
+    rehearsal_image: tuple[str, str], volumes, where: str
+) -> None:
     image, _build = rehearsal_image
     cache, models = volumes
     env, groups = deployed(where)
@@ -190,7 +254,9 @@ def test_deployed_environment_is_writable_under_the_read_only_root(rehearsal_ima
         assert path == env.get(var, cmd.image_env().get(var, path)), f"{where}: {var} is {path}"
 
 
-def test_default_command_refuses_the_stand_in_and_says_how_to_give_weights(rehearsal_image: tuple[str, str], volumes) -> None:
+def test_default_command_refuses_the_stand_in_and_says_how_to_give_weights(
+    rehearsal_image: tuple[str, str], volumes
+) -> None:
     image, _build = rehearsal_image
     cache, models = volumes
     # No weights on /models, the hub unreachable: an accelerator image must not serve random weights.

@@ -19,7 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podman_helpers import REPO, BuiltImages, completion, env_with, http, podman, port_is_free, wait_ready
+
+from tests.container.podman_helpers import (
+    REPO,
+    BuiltImages,
+    completion,
+    env_with,
+    http,
+    podman,
+    port_is_free,
+    wait_ready,
+)
 
 PROJECT = "palmyra-ct"
 ENGINE_PORT, SIDECAR_PORT = 18000, 18080
@@ -31,10 +41,14 @@ READY_TIMEOUT_S = 900
 def compose(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
     argv = [
         str(Path(sys.executable).parent / "podman-compose"),
-        "-p", PROJECT,
-        "--profile", "cpu",
-        "-f", str(REPO / "docker-compose.yml"),
-        "-f", str(REPO / "compose" / "podman-test.override.yml"),
+        "-p",
+        PROJECT,
+        "--profile",
+        "cpu",
+        "-f",
+        str(REPO / "docker-compose.yml"),
+        "-f",
+        str(REPO / "compose" / "podman-test.override.yml"),
         *args,
     ]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=REPO)
@@ -46,7 +60,9 @@ def project_containers() -> list[str]:
 
 
 def project_volumes() -> list[str]:
-    out = podman("volume", "ls", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format", "{{.Name}}").stdout
+    out = podman(
+        "volume", "ls", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format", "{{.Name}}"
+    ).stdout
     return out.split()
 
 
@@ -101,7 +117,7 @@ def test_stack_reaches_ready_and_serves_tokens(stack: dict[str, str]) -> None:
 def _proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """An address as /proc/net/tcp{,6} prints it: 32-bit words in host (little-endian) order."""
     raw = bytes.fromhex(hex_addr)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return ipaddress.ip_address(words)
 
 
@@ -126,8 +142,10 @@ def test_engine_and_sidecar_share_the_holders_namespace(stack: dict[str, str]) -
         mode = podman("inspect", containers[service], "--format", "{{.HostConfig.NetworkMode}}").stdout.strip()
         assert mode == f"container:{holder_id}", f"{service}: network mode {mode}"
     # One namespace: the same network namespace inode in all three.
-    inodes = {podman("exec", containers[s], "readlink", "/proc/self/ns/net").stdout.strip()
-              for s in (HOLDER, "engine-cpu", "sidecar")}
+    inodes = {
+        podman("exec", containers[s], "readlink", "/proc/self/ns/net").stdout.strip()
+        for s in (HOLDER, "engine-cpu", "sidecar")
+    }
     assert len(inodes) == 1, inodes
     # The engine listens on the namespace's loopback only.
     addresses = listening_addresses(containers["engine-cpu"], ENGINE_PORT)
@@ -141,8 +159,9 @@ def test_a_restarted_sidecar_finds_the_engine_again(stack: dict[str, str]) -> No
     containers = names(stack)
     engine_pid = podman("inspect", containers["engine-cpu"], "--format", "{{.State.Pid}}").stdout.strip()
     podman("restart", "-t", "10", containers["sidecar"], timeout=120)
-    ready = wait_ready(f"http://127.0.0.1:{SIDECAR_PORT}", [containers["engine-cpu"], containers["sidecar"]],
-                       READY_TIMEOUT_S)
+    ready = wait_ready(
+        f"http://127.0.0.1:{SIDECAR_PORT}", [containers["engine-cpu"], containers["sidecar"]], READY_TIMEOUT_S
+    )
     assert ready["ready"] is True
     # The engine was not restarted along with it.
     assert podman("inspect", containers["engine-cpu"], "--format", "{{.State.Pid}}").stdout.strip() == engine_pid

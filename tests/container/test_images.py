@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podman_helpers import (
+
+from tests.container.podman_helpers import (
     PODMAN_DIR,
     PROBE,
     BuiltImages,
@@ -23,8 +24,7 @@ from podman_helpers import (
     probe_cmd,
     wait_ready,
 )
-
-from helpers.procs import free_port
+from tests.helpers.procs import free_port
 
 ENGINE_KEY = "container-test-engine-key"
 READY_TIMEOUT_S = 900  # engine start (compile) on 2 cores, then warmup
@@ -56,25 +56,54 @@ def running_pair(built_images: BuiltImages, tiny_model_dir: Path) -> Iterator[Pa
     pair = Pair("palmyra-ct-engine", "palmyra-ct-sidecar", engine_port, sidecar_port)
     _remove(pair.engine, pair.sidecar)
     engine_args = [
-        "run", "-d", "--name", pair.engine, "--network", "host", "--shm-size", "1g",
-        "-v", f"{tiny_model_dir}:/models/palmyra-mini:ro",
+        "run",
+        "-d",
+        "--name",
+        pair.engine,
+        "--network",
+        "host",
+        "--shm-size",
+        "1g",
+        "-v",
+        f"{tiny_model_dir}:/models/palmyra-mini:ro",
         # Compile cache kept between sessions (a named volume, filled with the image's
         # /cache and its uid 1000 ownership on first use): a warm start takes half the time.
-        "-v", "palmyra-ct-cache:/cache",
-        "-e", "PALMYRA_MODEL=/models/palmyra-mini", "-e", "PALMYRA_MODEL_SOURCE=local",
-        "-e", "PALMYRA_MAX_MODEL_LEN=2048", "-e", "PALMYRA_CPU_KVCACHE_GIB=1",
-        "-e", f"PALMYRA_ENGINE_API_KEY={ENGINE_KEY}",
+        "-v",
+        "palmyra-ct-cache:/cache",
+        "-e",
+        "PALMYRA_MODEL=/models/palmyra-mini",
+        "-e",
+        "PALMYRA_MODEL_SOURCE=local",
+        "-e",
+        "PALMYRA_MAX_MODEL_LEN=2048",
+        "-e",
+        "PALMYRA_CPU_KVCACHE_GIB=1",
+        "-e",
+        f"PALMYRA_ENGINE_API_KEY={ENGINE_KEY}",
         # Nothing may leave 127.0.0.1: a hub lookup would hit a refused local port.
-        "-e", "HF_ENDPOINT=http://127.0.0.1:9", "-e", "HF_HUB_OFFLINE=1",
+        "-e",
+        "HF_ENDPOINT=http://127.0.0.1:9",
+        "-e",
+        "HF_HUB_OFFLINE=1",
     ]
     if engine_port != 8000:
         engine_args += ["--health-cmd", probe_cmd(f"http://127.0.0.1:{engine_port}/health")]
-    podman(*engine_args, built_images.engine, "palmyra-serve", "engine", "--host", "127.0.0.1", "--port", str(engine_port))
+    podman(
+        *engine_args, built_images.engine, "palmyra-serve", "engine", "--host", "127.0.0.1", "--port", str(engine_port)
+    )
     sidecar_args = [
-        "run", "-d", "--name", pair.sidecar, "--network", "host",
-        "-e", f"PALMYRA_ENGINE_URL=http://127.0.0.1:{engine_port}",
-        "-e", f"PALMYRA_ENGINE_API_KEY={ENGINE_KEY}",
-        "-e", "PALMYRA_AUTH_DISABLED=true",  # auth fails closed; this pair serves without client keys
+        "run",
+        "-d",
+        "--name",
+        pair.sidecar,
+        "--network",
+        "host",
+        "-e",
+        f"PALMYRA_ENGINE_URL=http://127.0.0.1:{engine_port}",
+        "-e",
+        f"PALMYRA_ENGINE_API_KEY={ENGINE_KEY}",
+        "-e",
+        "PALMYRA_AUTH_DISABLED=true",  # auth fails closed; this pair serves without client keys
     ]
     if sidecar_port != 8080:
         sidecar_args += ["--health-cmd", probe_cmd(f"http://127.0.0.1:{sidecar_port}/health/sidecar")]
@@ -99,18 +128,37 @@ def test_sidecar_image_has_no_torch(built_images: BuiltImages) -> None:
         "found = [m for m in ('torch', 'vllm', 'transformers', 'numpy') if u.find_spec(m)]\n"
         "print(found); sys.exit(1 if found else 0)\n"
     )
-    result = podman("run", "--rm", "--network", "host", "--entrypoint", "python3", built_images.sidecar, "-c", script, check=False)
+    result = podman(
+        "run", "--rm", "--network", "host", "--entrypoint", "python3", built_images.sidecar, "-c", script, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     # ...while the engine image has both (the same check would pass on an empty image).
-    engine = podman("run", "--rm", "--network", "host", "--entrypoint", "python3", built_images.engine,
-                    "-c", "import importlib.util as u; print(bool(u.find_spec('torch') and u.find_spec('vllm')))")
+    engine = podman(
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--entrypoint",
+        "python3",
+        built_images.engine,
+        "-c",
+        "import importlib.util as u; print(bool(u.find_spec('torch') and u.find_spec('vllm')))",
+    )
     assert engine.stdout.strip() == "True"
 
 
 def test_engine_image_user_and_layout(built_images: BuiltImages) -> None:
-    result = podman("run", "--rm", "--network", "host", built_images.engine, "sh", "-c",
-                    "id -u; id -g; id -un; getent passwd 1000 | cut -d: -f1,6; stat -c %u /models /cache/vllm; "
-                    "test -w /cache/vllm && echo writable; command -v palmyra-serve")
+    result = podman(
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        built_images.engine,
+        "sh",
+        "-c",
+        "id -u; id -g; id -un; getent passwd 1000 | cut -d: -f1,6; stat -c %u /models /cache/vllm; "
+        "test -w /cache/vllm && echo writable; command -v palmyra-serve",
+    )
     lines = result.stdout.split()
     assert lines[:4] == ["1000", "1000", "HwHiAiUser", "HwHiAiUser:/home/HwHiAiUser"]
     assert lines[4:6] == ["1000", "1000"] and "writable" in lines
@@ -122,7 +170,10 @@ def test_build_reuses_cache_when_nothing_changed(built_images: BuiltImages) -> N
     started = time.monotonic()
     result = subprocess.run(
         [str(PODMAN_DIR / "build-image.sh"), "sidecar", built_images.sidecar],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Using cache" in result.stdout + result.stderr
@@ -170,15 +221,25 @@ def test_healthcheck_declared_in_images(built_images: BuiltImages) -> None:
     # --format docker keeps HEALTHCHECK; without it podman drops it silently.
     inspect = json.loads(podman("image", "inspect", built_images.sidecar).stdout)[0]
     check = inspect.get("Healthcheck") or (inspect.get("Config") or {}).get("Healthcheck") or {}
-    assert check.get("Test") == ["CMD", "python3", PROBE, "http://127.0.0.1:8080/health/sidecar", "--timeout", "3"], inspect
+    assert check.get("Test") == ["CMD", "python3", PROBE, "http://127.0.0.1:8080/health/sidecar", "--timeout", "3"], (
+        inspect
+    )
 
 
 def test_unhealthy_when_engine_is_gone(running_pair: Pair) -> None:
     # Runs last in this module: stops the engine and expects the engine probe to fail. The
     # sidecar's own liveness stays healthy (it must not be restarted for the engine's fault).
     podman("stop", "-t", "40", running_pair.engine, timeout=120)
-    result = podman("exec", running_pair.sidecar, "python3", PROBE,
-                    f"http://127.0.0.1:{running_pair.engine_port}/health", "--timeout", "2", check=False)
+    result = podman(
+        "exec",
+        running_pair.sidecar,
+        "python3",
+        PROBE,
+        f"http://127.0.0.1:{running_pair.engine_port}/health",
+        "--timeout",
+        "2",
+        check=False,
+    )
     assert result.returncode == 1 and "unhealthy" in result.stdout
     sidecar = podman("healthcheck", "run", running_pair.sidecar, check=False, timeout=60)
     assert sidecar.returncode == 0, sidecar.stdout + sidecar.stderr

@@ -65,8 +65,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
-from test_compose_up import listening_addresses
+
+from tests.container.podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
+from tests.container.test_compose_up import listening_addresses
 
 OVERLAY = REPO / "k8s" / "overlays" / "cpu"
 DEPLOYMENT = "palmyra-serve"
@@ -91,7 +92,9 @@ INIT_FIX_VERSION = (4, 6)
 
 
 def render_overlay() -> list[dict]:
-    out = subprocess.run(["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120, check=True
+    )
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
@@ -108,7 +111,9 @@ def exec_probe(probe: dict, named_ports: dict[str, int]) -> dict:
     get = probe.pop("httpGet")
     port = named_ports[get["port"]] if isinstance(get["port"], str) else int(get["port"])
     timeout = probe.get("timeoutSeconds", 1)  # Kubernetes' default
-    probe["exec"] = {"command": ["python3", PROBE, f"http://127.0.0.1:{port}{get.get('path', '/')}", "--timeout", str(timeout)]}
+    probe["exec"] = {
+        "command": ["python3", PROBE, f"http://127.0.0.1:{port}{get.get('path', '/')}", "--timeout", str(timeout)]
+    }
     return probe
 
 
@@ -142,7 +147,9 @@ def patch_for_podman(kept: list[dict], model_root: Path, version: tuple[int, ...
     notes.append("hostNetwork: true")
     if version < INIT_FIX_VERSION:
         pod["restartPolicy"] = "OnFailure"
-        notes.append(f"restartPolicy: OnFailure (podman {'.'.join(map(str, version))} restarts init containers under Always)")
+        notes.append(
+            f"restartPolicy: OnFailure (podman {'.'.join(map(str, version))} restarts init containers under Always)"
+        )
     for volume in pod["volumes"]:
         if volume["name"] == "model":
             volume.pop("emptyDir", None)
@@ -152,13 +159,18 @@ def patch_for_podman(kept: list[dict], model_root: Path, version: tuple[int, ...
             files = model_root.parent / SECRET_FILES_DIR
             volume.pop("secret")
             volume["hostPath"] = {"path": str(files), "type": "Directory"}
-            notes.append(f"volume {volume['name']}: secret {SECRET} -> hostPath {files} (podman 4.3 panics on secret volumes)")
+            notes.append(
+                f"volume {volume['name']}: secret {SECRET} -> hostPath {files} (podman 4.3 panics on secret volumes)"
+            )
         volume["name"] = VOLUME_PREFIX + volume["name"]
     named_ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", []) if "name" in p}
     for ctr in pod.get("initContainers", []) + pod["containers"]:
         ctr["imagePullPolicy"] = "Never"
         if ctr.pop("ports", None):
-            notes.append(f"{ctr['name']}: ports list dropped (podman 4.3 turns it into port mappings, refused with host networking)")
+            notes.append(
+                f"{ctr['name']}: ports list dropped "
+                "(podman 4.3 turns it into port mappings, refused with host networking)"
+            )
         for mount in ctr.get("volumeMounts", []):
             mount["name"] = VOLUME_PREFIX + mount["name"]
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -234,8 +246,17 @@ def make_shm_volume(objs: list[dict]) -> None:
     assert size.endswith("Gi"), size
     blocks = int(size[:-2]) * 262144  # 4 KiB pages; podman's `size=` option means quota, not tmpfs size
     uid, gid = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
-    podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-           "--opt", f"o=nr_blocks={blocks},uid={uid},gid={gid}", shm["name"])
+    podman(
+        "volume",
+        "create",
+        "--opt",
+        "type=tmpfs",
+        "--opt",
+        "device=tmpfs",
+        "--opt",
+        f"o=nr_blocks={blocks},uid={uid},gid={gid}",
+        shm["name"],
+    )
 
 
 CLIENT_KEY = "kube-play-client-key"  # the Secret's api-keys entry: the sidecar requires one
@@ -246,8 +267,10 @@ def create_secret(workdir: Path) -> None:
     path = workdir / "secret.json"
     # api-keys is required: the sidecar fails closed without a client key (it reads it from the
     # mounted volume's file; the engine key comes by secretKeyRef).
-    data = {"engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode(),
-            "api-keys": base64.b64encode(CLIENT_KEY.encode()).decode()}
+    data = {
+        "engine-api-key": base64.b64encode(ENGINE_KEY.encode()).decode(),
+        "api-keys": base64.b64encode(CLIENT_KEY.encode()).decode(),
+    }
     path.write_text(json.dumps(data))
     path.chmod(0o600)
     podman("secret", "create", SECRET, str(path))
@@ -262,7 +285,9 @@ def create_secret(workdir: Path) -> None:
 @pytest.fixture(scope="module")
 def kube_pod(built_images: BuiltImages, tiny_model_dir: Path) -> Iterator[KubePod]:
     assert shutil.which("kubectl"), "kubectl missing: needed to render the overlay"
-    assert shutil.which("catatonit"), "catatonit missing: podman kube play builds its pause image from it (apt-get install catatonit)"
+    assert shutil.which("catatonit"), (
+        "catatonit missing: podman kube play builds its pause image from it (apt-get install catatonit)"
+    )
     for port in PORTS:
         assert not port_listened(port), (
             f"127.0.0.1:{port} is taken: the CPU overlay's pod uses fixed ports {PORTS} with host networking"
@@ -351,14 +376,21 @@ def test_unplayable_kinds_filtered_out_and_listed() -> None:
 def test_patches_keep_probe_routes_and_ports() -> None:
     kept, _ = split_playable(render_overlay())
     objs, _ = patch_for_podman(kept, Path("/nonexistent"), (4, 3))
-    for original, patched in zip(deployment(kept)["spec"]["template"]["spec"]["containers"],
-                                 deployment(objs)["spec"]["template"]["spec"]["containers"], strict=True):
+    for original, patched in zip(
+        deployment(kept)["spec"]["template"]["spec"]["containers"],
+        deployment(objs)["spec"]["template"]["spec"]["containers"],
+        strict=True,
+    ):
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             if kind not in original:
                 continue
             get = original[kind]["httpGet"]
             assert patched[kind]["exec"]["command"] == [
-                "python3", PROBE, f"http://127.0.0.1:{get['port']}{get['path']}", "--timeout", str(original[kind]["timeoutSeconds"])
+                "python3",
+                PROBE,
+                f"http://127.0.0.1:{get['port']}{get['path']}",
+                "--timeout",
+                str(original[kind]["timeoutSeconds"]),
             ]
             assert patched[kind]["failureThreshold"] == original[kind]["failureThreshold"]
         assert patched["args" if "args" in original else "command"] == original.get("args", original.get("command"))
@@ -368,9 +400,18 @@ def test_pod_starts_with_fetch_model_skipping(kube_pod: KubePod) -> None:
     kp = kube_pod
     assert inspect(kp.engine)["State"]["Running"] and inspect(kp.sidecar)["State"]["Running"]
     # podman removes a finished init container ("once"); its exits stay in the event log.
-    died = podman("events", "--stream=false", "--since", str(int(kp.played_at) - 1),
-                  "--filter", f"container={kp.pod}-fetch-model", "--filter", "event=died",
-                  "--format", "{{.ContainerExitCode}}").stdout.split()
+    died = podman(
+        "events",
+        "--stream=false",
+        "--since",
+        str(int(kp.played_at) - 1),
+        "--filter",
+        f"container={kp.pod}-fetch-model",
+        "--filter",
+        "event=died",
+        "--format",
+        "{{.ContainerExitCode}}",
+    ).stdout.split()
     assert died and set(died) == {"0"}, f"fetch-model exits: {died}"
     print(f"\nfetch-model ran {len(died)}x, exit codes {died}")
     # The skip path: the weights were found, not rewritten.
@@ -380,7 +421,12 @@ def test_pod_starts_with_fetch_model_skipping(kube_pod: KubePod) -> None:
         assert inspect(name)["HostConfig"]["ReadonlyRootfs"] is True
     # Limits from the manifest are really applied (engine: 12Gi).
     assert inspect(kp.engine)["HostConfig"]["Memory"] == 12 * 2**30
-    assert podman("exec", kp.engine, "sh", "-c", "touch /dev/shm/w && rm /dev/shm/w && df -k /dev/shm | tail -1").returncode == 0
+    assert (
+        podman(
+            "exec", kp.engine, "sh", "-c", "touch /dev/shm/w && rm /dev/shm/w && df -k /dev/shm | tail -1"
+        ).returncode
+        == 0
+    )
 
 
 def test_ready_and_completion_through_the_pod(kube_pod: KubePod) -> None:
@@ -450,7 +496,9 @@ def test_probes_by_hand_report_healthy(kube_pod: KubePod) -> None:
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             if kind in container_spec(kp.objs, which):
                 probe = run_probe(kp, container, which, kind)
-                assert probe.returncode == 0 and probe.stdout.startswith("healthy"), f"{which} {kind}: {probe.stdout}{probe.stderr}"
+                assert probe.returncode == 0 and probe.stdout.startswith("healthy"), (
+                    f"{which} {kind}: {probe.stdout}{probe.stderr}"
+                )
 
 
 def test_killed_engine_is_restarted_sidecar_untouched(kube_pod: KubePod) -> None:
@@ -469,8 +517,10 @@ def test_killed_engine_is_restarted_sidecar_untouched(kube_pod: KubePod) -> None
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         state = inspect(kp.engine)
-        restarted = restarted or (state["RestartCount"] > engine_before["RestartCount"]
-                                  and state["State"]["StartedAt"] != engine_before["State"]["StartedAt"])
+        restarted = restarted or (
+            state["RestartCount"] > engine_before["RestartCount"]
+            and state["State"]["StartedAt"] != engine_before["State"]["StartedAt"]
+        )
         if state["State"]["Running"]:
             probe = run_probe(kp, kp.engine, "engine", "livenessProbe")
             if probe.returncode == 1:

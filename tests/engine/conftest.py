@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import procs
+from tests.helpers import procs
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +36,10 @@ def sidecar_server(engine_server: procs.Server, log_dir: Path) -> Iterator[procs
 @pytest.fixture(scope="session")
 def start_engine(log_dir: Path):
     """Factory for an extra engine: `with start_engine(model_dir, dtype="float32") as e: ...`."""
+
     def factory(model_dir: Path, dtype: str = "bfloat16", extra_env: dict[str, str] | None = None):
         return procs.engine(model_dir, log_dir, dtype=dtype, extra_env=extra_env)
+
     return factory
 
 

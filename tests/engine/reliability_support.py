@@ -15,18 +15,27 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import psutil
 
-from helpers.api import HTTP, completion, plain_client
+from tests.helpers.api import HTTP, completion, plain_client
 
 # Short intervals so transitions happen in seconds (the production defaults are minutes). The
 # warmup timeout stays generous: the real engine compiles shapes on its first requests.
-FAST = {"PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2", "PALMYRA_CANARY_INTERVAL_S": "0.5",
-        "PALMYRA_CANARY_TIMEOUT_S": "1", "PALMYRA_LIVENESS_BUDGET_S": "3", "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
-        "PALMYRA_READ_TIMEOUT_S": "3", "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "60",
-        "PALMYRA_CONNECT_TIMEOUT_S": "1", "PALMYRA_DRAIN_TIMEOUT_S": "20", "PALMYRA_LOG_LEVEL": "info"}
+FAST = {
+    "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2",
+    "PALMYRA_CANARY_INTERVAL_S": "0.5",
+    "PALMYRA_CANARY_TIMEOUT_S": "1",
+    "PALMYRA_LIVENESS_BUDGET_S": "3",
+    "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
+    "PALMYRA_READ_TIMEOUT_S": "3",
+    "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "60",
+    "PALMYRA_CONNECT_TIMEOUT_S": "1",
+    "PALMYRA_DRAIN_TIMEOUT_S": "20",
+    "PALMYRA_LOG_LEVEL": "info",
+}
 
 
 def figure(scenario: str, **values: object) -> None:
@@ -74,8 +83,6 @@ def access_durations_s(server_log: str, status: int) -> list[float]:
     return out
 
 
-
-
 def ready(url: str) -> bool:
     return HTTP.get(f"{url}/ready", timeout=2).status_code == 200
 
@@ -87,6 +94,7 @@ def generate_ok(url: str, headers: dict[str, str] | None = None) -> bool:
 
 
 # --- streams on threads --------------------------------------------------------------------------
+
 
 @dataclass
 class StreamResult:
@@ -122,8 +130,14 @@ class StreamResult:
 class StreamThread(threading.Thread):
     """POST a streaming request and record every SSE event; optionally hang up after `cut_after` events."""
 
-    def __init__(self, url: str, payload: dict, headers: dict[str, str] | None = None,
-                 cut_after: int | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        payload: dict,
+        headers: dict[str, str] | None = None,
+        cut_after: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         super().__init__(daemon=True)
         self.url, self.payload, self.headers = url, payload, headers
         self.cut_after, self.timeout_s = cut_after, timeout_s
@@ -133,8 +147,10 @@ class StreamThread(threading.Thread):
     def run(self) -> None:
         r = self.result
         try:
-            with plain_client(timeout=self.timeout_s) as client, client.stream(
-                    "POST", f"{self.url}/v1/completions", json=self.payload, headers=self.headers) as resp:
+            with (
+                plain_client(timeout=self.timeout_s) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=self.payload, headers=self.headers) as resp,
+            ):
                 r.status = resp.status_code
                 for line in resp.iter_lines():
                     if line.startswith("data: "):
@@ -149,7 +165,7 @@ class StreamThread(threading.Thread):
             self.started_streaming.set()
 
 
-def start_streams(url: str, n: int, payload: dict, wait_events: bool = True, **kw: object) -> list[StreamThread]:
+def start_streams(url: str, n: int, payload: dict, wait_events: bool = True, **kw: Any) -> list[StreamThread]:
     threads = [StreamThread(url, payload, **kw) for _ in range(n)]
     for t in threads:
         t.start()
@@ -160,6 +176,7 @@ def start_streams(url: str, n: int, payload: dict, wait_events: bool = True, **k
 
 
 # --- processes and sockets ---------------------------------------------------------------------
+
 
 def engine_core(launcher_pid: int) -> psutil.Process:
     """vLLM's engine-core child (it sets its proctitle to VLLM::EngineCore)."""
@@ -174,8 +191,11 @@ def engine_core(launcher_pid: int) -> psutil.Process:
 
 def connections_to(pid: int, port: int) -> int:
     """ESTABLISHED TCP connections from process pid to 127.0.0.1:port."""
-    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
-               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+    return sum(
+        1
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
 
 
 def sockets_to(pid: int, port: int) -> set[tuple[str, int]]:
@@ -194,8 +214,12 @@ class Usage:
 
 def usage(pid: int, engine_port: int) -> Usage:
     proc = psutil.Process(pid)
-    return Usage(rss_mb=proc.memory_info().rss / 2**20, fds=proc.num_fds(), threads=proc.num_threads(),
-                 engine_conns=connections_to(pid, engine_port))
+    return Usage(
+        rss_mb=proc.memory_info().rss / 2**20,
+        fds=proc.num_fds(),
+        threads=proc.num_threads(),
+        engine_conns=connections_to(pid, engine_port),
+    )
 
 
 class TransitionWatcher(threading.Thread):

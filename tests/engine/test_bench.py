@@ -10,9 +10,27 @@ from pathlib import Path
 
 def test_bench_short_run(engine_server, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "palmyra_serve.cli", "bench", "--base-url", engine_server.url,
-            "--input-lengths", "16,128,4096", "--output-tokens", "16", "--concurrency", "1,4",
-            "--repetitions", "2", "--warmup", "2", "--no-progress", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "palmyra_serve.cli",
+        "bench",
+        "--base-url",
+        engine_server.url,
+        "--input-lengths",
+        "16,128,4096",
+        "--output-tokens",
+        "16",
+        "--concurrency",
+        "1,4",
+        "--repetitions",
+        "2",
+        "--warmup",
+        "2",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     if engine_server.api_key:
         argv += ["--api-key", engine_server.api_key]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -42,9 +60,22 @@ def test_bench_short_run(engine_server, tmp_path: Path) -> None:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
     # A run compared with itself: every ratio is 1.
-    cmp = subprocess.run([sys.executable, "-m", "palmyra_serve.cli", "bench", "--compare", str(out / "results.json"),
-                          str(out / "results.json")], capture_output=True, text=True, timeout=60)
+    cmp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "palmyra_serve.cli",
+            "bench",
+            "--compare",
+            str(out / "results.json"),
+            str(out / "results.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cmp.returncode == 0, cmp.stderr
-    ratios = [line.rsplit("|", 2)[1].strip() for line in cmp.stdout.splitlines()
-              if line.startswith("| ") and "×" in line]
+    ratios = [
+        line.rsplit("|", 2)[1].strip() for line in cmp.stdout.splitlines() if line.startswith("| ") and "×" in line
+    ]
     assert ratios and all(r == "1.000×" for r in ratios)

@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from reliability_support import figure, long_stream
 
-from helpers.api import HTTP, plain_client
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import figure, long_stream
+from tests.helpers.api import HTTP, plain_client
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PICKER_CONFIG = REPO / "k8s" / "components" / "inference-gateway" / "picker-config.yaml"
@@ -60,6 +60,7 @@ def scrape(sidecar_server):
         assert resp.status_code == 200, f"{path}: {resp.status_code} {resp.text[:300]}"
         assert resp.headers["content-type"].startswith("text/plain"), resp.headers["content-type"]
         return _families(resp.text)
+
     return get
 
 
@@ -101,8 +102,10 @@ class _Stream:
 
     def _run(self) -> None:
         try:
-            with plain_client(timeout=httpx.Timeout(120, connect=10)) as client, client.stream(
-                    "POST", f"{self.url}/v1/completions", json=long_stream(2000)) as resp:
+            with (
+                plain_client(timeout=httpx.Timeout(120, connect=10)) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=long_stream(2000)) as resp,
+            ):
                 self.status = resp.status_code
                 for line in resp.iter_lines():
                     if line.startswith("data:"):
@@ -126,8 +129,10 @@ class _Stream:
         self.thread.join(150)
 
     def state(self) -> str:
-        return (f"status={self.status} events={self.events} ended={self.ended_at is not None} "
-                f"error={self.error!r} last={self.last_event!r}")
+        return (
+            f"status={self.status} events={self.events} ended={self.ended_at is not None} "
+            f"error={self.error!r} last={self.last_event!r}"
+        )
 
 
 def test_the_page_is_the_engines_own_and_follows_its_load(scrape, engine_server, sidecar_server):
@@ -162,7 +167,8 @@ def test_the_page_is_the_engines_own_and_follows_its_load(scrape, engine_server,
                 break
             assert stream.ended_at is not None, (
                 f"{running} stayed 0 on the scraped page for 30 s while the stream was live "
-                f"(the engine's own page: {engines_own()}; stream: {stream.state()})")
+                f"(the engine's own page: {engines_own()}; stream: {stream.state()})"
+            )
             print(f"attempt {attempt}: the stream ended before a scrape saw it: {stream.state()}")
     assert seen is not None and seen >= 1, f"{running} never seen >= 1 in two streams"
     wait_until(lambda: count() == 0, 120, f"{running} back to 0 after the client left", interval_s=0.2)
@@ -180,8 +186,12 @@ def test_a_scrape_costs_far_less_than_the_picker_interval_allows(scrape, sidecar
         assert resp.status_code == 200
         sizes.append(len(resp.content))
     durations.sort()
-    figure("engine-metrics scrape through the sidecar", scrapes=len(durations),
-           median_ms=round(durations[len(durations) // 2] * 1000, 1), max_ms=round(durations[-1] * 1000, 1),
-           page_bytes=max(sizes))
+    figure(
+        "engine-metrics scrape through the sidecar",
+        scrapes=len(durations),
+        median_ms=round(durations[len(durations) // 2] * 1000, 1),
+        max_ms=round(durations[-1] * 1000, 1),
+        page_bytes=max(sizes),
+    )
     assert durations[len(durations) // 2] < 1.0
     assert durations[-1] < PICKER_SCRAPE_TIMEOUT_S

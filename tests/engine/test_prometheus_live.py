@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 
-from helpers import procs
-from helpers.api import MODEL, plain_client
-from helpers.modules import load_module
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import MODEL, plain_client
+from tests.helpers.modules import load_module
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -35,8 +35,6 @@ RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval: covers both traf
 # the traffic below produces every event the panels chart (preemptions and canary failures are
 # rates of pre-created counters, so a zero rate is data, not a gap).
 ALLOWED_EMPTY: dict[str, str] = {}
-
-
 
 
 dq = load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
@@ -68,14 +66,20 @@ def live_prometheus(engine_server, sidecar_server, dead_sidecar):
     base = yaml.safe_load((MON / "prometheus" / "prometheus.yml").read_text(encoding="utf-8"))
     cfg = local_prometheus.render_config(
         base,
-        {"palmyra-sidecar": [_hostport(sidecar_server.url), _hostport(dead_sidecar.url)],
-         # The engine's page through its sidecar (/engine/metrics), as every deployment scrapes it.
-         "palmyra-engine": [_hostport(sidecar_server.url)]},
-        scrape_interval="1s", external_labels={"runbook_base_url": BASE_URL})
+        {
+            "palmyra-sidecar": [_hostport(sidecar_server.url), _hostport(dead_sidecar.url)],
+            # The engine's page through its sidecar (/engine/metrics), as every deployment scrapes it.
+            "palmyra-engine": [_hostport(sidecar_server.url)],
+        },
+        scrape_interval="1s",
+        external_labels={"runbook_base_url": BASE_URL},
+    )
     with local_prometheus.LocalPrometheus(cfg) as prom:
+
         def all_up():
             active = prom.api("targets", state="active")["data"]["activeTargets"]
             return len(active) == 3 and all(t["health"] == "up" for t in active)
+
         wait_until(all_up, 30, "sidecars and engine scraped")
         yield prom
 
@@ -85,25 +89,41 @@ def _client(sidecar) -> httpx.Client:
     return plain_client(base_url=sidecar.url, headers=headers, timeout=httpx.Timeout(180.0, connect=10.0))
 
 
-LONG_PROMPT = "Palmyra serves text on Ascend NPUs and on CPUs alike. " * 24  # a few hundred tokens, reused: prefix-cache hits
+LONG_PROMPT = (
+    "Palmyra serves text on Ascend NPUs and on CPUs alike. " * 24
+)  # a few hundred tokens, reused: prefix-cache hits
 
 
 def drive_traffic(client: httpx.Client, dead: httpx.Client) -> list[tuple[str, int]]:
     """One wave of every kind of request the dashboards chart. Returns (what, status) pairs."""
     seen = []
-    for i in range(3):
-        r = client.post("/v1/completions", json={"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8,
-                                                 "temperature": 0})
+    for _ in range(3):
+        r = client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0}
+        )
         seen.append(("completion", r.status_code))
     # ignore_eos: random stand-in weights may emit EOS at once; streams need several chunks for ITL
-    with client.stream("POST", "/v1/completions", json={
-            "model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 16, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}) as r:
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": MODEL,
+            "prompt": LONG_PROMPT,
+            "max_tokens": 16,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         chunks = [line for line in r.iter_lines() if line.startswith("data:")]
         seen.append(("streamed completion", r.status_code))
     assert len(chunks) >= 3, chunks
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12,
-            "ignore_eos": True}
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 12,
+        "ignore_eos": True,
+    }
     with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as r:
         list(r.iter_lines())
         seen.append(("streamed chat", r.status_code))
@@ -132,13 +152,17 @@ def wait_scraped_after(prom, t: float) -> None:
     """Every target scraped after t, and that scrape stored: lastScrape is set when a scrape's
     body is read, before its samples are committed, but a target's scrapes run one after another,
     so once its lastScrape advances again the scrape that began after t is in the database."""
+
     def all_after():
         scrapes = _last_scrapes(prom)
         return len(scrapes) == 3 and all(v > t for v in scrapes.values()) and scrapes
 
     after = wait_until(all_after, 30, "every target scraped after the first wave")
-    wait_until(lambda: all(v > after[url] for url, v in _last_scrapes(prom).items()), 30,
-               "every target scraped once more (the scrape after the first wave stored)")
+    wait_until(
+        lambda: all(v > after[url] for url, v in _last_scrapes(prom).items()),
+        30,
+        "every target scraped once more (the scrape after the first wave stored)",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +194,11 @@ def _dashboard_values(name: str, engine_server, sidecar_server, dead_sidecar) ->
     sidecars = f"{_hostport(sidecar_server.url)}|{_hostport(dead_sidecar.url)}"
     # The engine's series carry its sidecar's address: they are scraped through /engine/metrics.
     instance = sidecars if name == "palmyra-service.json" else _hostport(sidecar_server.url)
-    return {"instance": instance, "model": MODEL, "ttft_slo": "2", "itl_slo": "0.25",
-            "__rate_interval": RATE_WINDOW}
+    return {"instance": instance, "model": MODEL, "ttft_slo": "2", "itl_slo": "0.25", "__rate_interval": RATE_WINDOW}
 
 
 @pytest.mark.parametrize("name", ["palmyra-service.json", "palmyra-engine.json"])
-def test_every_panel_query_has_data(name, traffic, live_prometheus, engine_server, sidecar_server,
-                                    dead_sidecar):
+def test_every_panel_query_has_data(name, traffic, live_prometheus, engine_server, sidecar_server, dead_sidecar):
     prom = live_prometheus
     values = _dashboard_values(name, engine_server, sidecar_server, dead_sidecar)
     queries = dq.panel_queries(dq.load(name))
@@ -200,7 +222,10 @@ def test_every_panel_query_has_data(name, traffic, live_prometheus, engine_serve
 
 def test_variable_queries_list_the_live_targets(traffic, live_prometheus, engine_server, sidecar_server):
     # Both dashboards list the sidecar's address: the engine's series are scraped through it.
-    expect = {"palmyra-service.json": _hostport(sidecar_server.url), "palmyra-engine.json": _hostport(sidecar_server.url)}
+    expect = {
+        "palmyra-service.json": _hostport(sidecar_server.url),
+        "palmyra-engine.json": _hostport(sidecar_server.url),
+    }
     for name, instance in expect.items():
         variables = {v["name"]: v for v in dq.load(name)["templating"]["list"]}
         selector = dq.substitute(dq.label_values_selector(variables["instance"]["definition"]), {})
@@ -218,6 +243,7 @@ def test_alert_rules_load_and_evaluate_ok(traffic, live_prometheus):
     def loaded():
         rules = [r for g in live_prometheus.api("rules")["data"]["groups"] for r in g["rules"]]
         return rules if rules and all(r["health"] == "ok" for r in rules) else None
+
     rules = wait_until(loaded, 30, "every rule evaluated with health ok")
     assert {r["name"] for r in rules} == expected
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
@@ -233,11 +259,13 @@ def test_alerts_single_out_the_broken_replica(traffic, live_prometheus, engine_s
     def not_ready():
         alerts = live_prometheus.api("alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == "PalmyraReplicaNotReady"]
+
     alerts = wait_until(not_ready, 30, "PalmyraReplicaNotReady for the sidecar without engine")
     assert [(a["labels"].get("instance"), a["state"]) for a in alerts] == [(dead, "pending")]
     assert alerts[0]["annotations"]["runbook_url"] == BASE_URL + "#palmyrareplicanotready"
     active = live_prometheus.api("alerts")["data"]["alerts"]
     assert not [a for a in active if a["labels"]["alertname"] == "PalmyraEngineDown"], active
-    on_live = [(a["labels"]["alertname"], a["labels"].get("instance")) for a in active
-               if a["labels"].get("instance") in live]
+    on_live = [
+        (a["labels"]["alertname"], a["labels"].get("instance")) for a in active if a["labels"].get("instance") in live
+    ]
     assert not on_live, f"alerts on the healthy replica: {on_live}"

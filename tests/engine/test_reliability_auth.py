@@ -9,20 +9,25 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, figure
 
-from helpers import procs
-from helpers.api import completion, plain_client
+from tests.engine.reliability_support import FAST, figure
+from tests.helpers import procs
+from tests.helpers.api import completion, plain_client
 
 KEY_A = "sk-palmyra-" + secrets.token_hex(16)
 KEY_B = "sk-palmyra-" + secrets.token_hex(16)
 
-ROUTES = [("POST", "/v1/completions", completion(max_tokens=2)),
-          ("POST", "/v1/chat/completions",
-           {"model": "palmyra-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-          ("GET", "/v1/models", None),
-          ("POST", "/tokenize", {"model": "palmyra-mini", "prompt": "hi"}),
-          ("POST", "/detokenize", {"model": "palmyra-mini", "tokens": [9707]})]
+ROUTES = [
+    ("POST", "/v1/completions", completion(max_tokens=2)),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": "palmyra-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
+    ("GET", "/v1/models", None),
+    ("POST", "/tokenize", {"model": "palmyra-mini", "prompt": "hi"}),
+    ("POST", "/detokenize", {"model": "palmyra-mini", "tokens": [9707]}),
+]
 BAD_AUTH = {
     "missing": None,
     "scheme without a key": "Bearer",
@@ -67,10 +72,15 @@ def test_every_relayed_route_refuses_bad_keys_with_401(sidecar):
             assert client.get(f"{sidecar.url}{path}").status_code == 200, path
         # The API document lists the routes: it asks for a key like them.
         assert client.get(f"{sidecar.url}/openapi.json").status_code == 401
-        assert client.get(f"{sidecar.url}/openapi.json", headers={"Authorization": f"Bearer {KEY_A}"}).status_code == 200
+        assert (
+            client.get(f"{sidecar.url}/openapi.json", headers={"Authorization": f"Bearer {KEY_A}"}).status_code == 200
+        )
         metrics = client.get(f"{sidecar.url}/metrics").text
-    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith('palmyra_rejections_total{reason="invalid_api_key"}'))
+    counted = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('palmyra_rejections_total{reason="invalid_api_key"}')
+    )
     assert counted == refused
     # Off the allow-list: a 401 without a key (nothing about the routes is revealed before it), a
     # 404 with one; it never reaches the engine either way.

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, figure, generate_ok
 
-from helpers import procs
-from helpers.api import HTTP, MODEL, completion
+from tests.engine.reliability_support import FAST, figure, generate_ok
+from tests.helpers import procs
+from tests.helpers.api import HTTP, MODEL, completion
 
 BODY_LIMIT = 64 * 1024
 READ_TIMEOUT_S = 2.0
@@ -37,34 +37,53 @@ CASES: list[tuple[str, str, bytes]] = [
     ("unknown model", COMPL, b'{"model": "gpt-17", "prompt": "hi", "max_tokens": 2}'),
     ("empty prompt", COMPL, b'{"model": "palmyra-mini", "prompt": "", "max_tokens": 2}'),
     ("empty token list", COMPL, b'{"model": "palmyra-mini", "prompt": [], "max_tokens": 2}'),
-    ("prompt over max-model-len", COMPL,
-     b'{"model": "palmyra-mini", "max_tokens": 2, "prompt": [' + b", ".join([b"9707"] * 3000) + b"]}"),
+    (
+        "prompt over max-model-len",
+        COMPL,
+        b'{"model": "palmyra-mini", "max_tokens": 2, "prompt": [' + b", ".join([b"9707"] * 3000) + b"]}",
+    ),
     ("token id beyond vocabulary", COMPL, b'{"model": "palmyra-mini", "prompt": [999999999], "max_tokens": 2}'),
     ("huge max_tokens", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 1000000000}'),
-    ("max_tokens beyond int64", COMPL,
-     b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 99999999999999999999999}'),
+    (
+        "max_tokens beyond int64",
+        COMPL,
+        b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 99999999999999999999999}',
+    ),
     ("negative max_tokens", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": -5}'),
     ("negative temperature", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "temperature": -1}'),
     ("top_p above 1", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "top_p": 5}'),
     ("n = 0", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "n": 0}'),
     ("absurd n", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "n": 100000}'),
-    ("absurd presence_penalty", COMPL,
-     b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "presence_penalty": 1e300}'),
+    (
+        "absurd presence_penalty",
+        COMPL,
+        b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "presence_penalty": 1e300}',
+    ),
     ("absurd logprobs", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "logprobs": 1000000}'),
     ("NaN temperature", COMPL, b'{"model": "palmyra-mini", "prompt": "hi", "max_tokens": 2, "temperature": NaN}'),
     ("invalid UTF-8", COMPL, b'{"model": "palmyra-mini", "prompt": "caf\xc3\x28 \xff\xfe", "max_tokens": 2}'),
-    ("invalid UTF-8 in chat", CHAT,
-     b'{"model": "palmyra-mini", "messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 2}'),
-    ("oversized body", COMPL,
-     b'{"model": "palmyra-mini", "max_tokens": 2, "prompt": "' + b"x" * (BODY_LIMIT + 1) + b'"}'),
+    (
+        "invalid UTF-8 in chat",
+        CHAT,
+        b'{"model": "palmyra-mini", "messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 2}',
+    ),
+    (
+        "oversized body",
+        COMPL,
+        b'{"model": "palmyra-mini", "max_tokens": 2, "prompt": "' + b"x" * (BODY_LIMIT + 1) + b'"}',
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
-    env = {**FAST, "PALMYRA_MAX_BODY_BYTES": str(BODY_LIMIT), "PALMYRA_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
-           # The body has a deadline of its own (not the engine read timeout), short here.
-           "PALMYRA_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}
+    env = {
+        **FAST,
+        "PALMYRA_MAX_BODY_BYTES": str(BODY_LIMIT),
+        "PALMYRA_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+        # The body has a deadline of its own (not the engine read timeout), short here.
+        "PALMYRA_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+    }
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
 
@@ -74,14 +93,17 @@ def openai_error(resp: httpx.Response) -> dict | None:
         err = resp.json().get("error")
     except (ValueError, AttributeError):
         return None
-    if isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"] \
-            and isinstance(err.get("type"), str):
+    if (
+        isinstance(err, dict)
+        and isinstance(err.get("message"), str)
+        and err["message"]
+        and isinstance(err.get("type"), str)
+    ):
         return err
     return None
 
 
-@pytest.mark.parametrize("name, path, body", [
-    pytest.param(*case, id=case[0]) for case in CASES])
+@pytest.mark.parametrize("name, path, body", [pytest.param(*case, id=case[0]) for case in CASES])
 def test_bad_request_gets_an_openai_shaped_4xx(sidecar, name, path, body):
     resp = HTTP.post(f"{sidecar.url}{path}", content=body, headers=JSON, timeout=60)
     print(f"  {name}: {resp.status_code} {resp.text[:160]}")
@@ -95,20 +117,29 @@ def test_oversized_chunked_body_is_refused_with_413(sidecar):
     chunks = (b"x" * 16384 for _ in range(BODY_LIMIT // 16384 + 2))
     resp = HTTP.post(f"{sidecar.url}{COMPL}", content=chunks, headers=JSON, timeout=60)
     RESULTS.append(("oversized chunked body", resp.status_code, resp.status_code == 413))
-    assert resp.status_code == 413 and openai_error(resp)["code"] == "request_too_large"
+    err = openai_error(resp)
+    assert resp.status_code == 413 and err is not None and err["code"] == "request_too_large", resp.text[:300]
 
 
-@pytest.mark.parametrize("method, path, body", [
-    pytest.param("POST", CHAT, b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
-                 id="unknown model, chat"),
-    pytest.param("POST", "/v1/nothing-here", b"{}", id="unknown /v1 route"),
-    pytest.param("GET", COMPL, None, id="GET on a POST route"),
-])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        pytest.param(
+            "POST",
+            CHAT,
+            b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
+            id="unknown model, chat",
+        ),
+        pytest.param("POST", "/v1/nothing-here", b"{}", id="unknown /v1 route"),
+        pytest.param("GET", COMPL, None, id="GET on a POST route"),
+    ],
+)
 def test_wrong_route_method_or_model_is_an_openai_shaped_4xx(sidecar, method, path, body):
     resp = httpx.request(method, f"{sidecar.url}{path}", content=body, headers=JSON, timeout=30)
     print(f"  {method} {path}: {resp.status_code} {resp.text[:160]}")
-    RESULTS.append((f"{method} {path}", resp.status_code,
-                    400 <= resp.status_code < 500 and openai_error(resp) is not None))
+    RESULTS.append(
+        (f"{method} {path}", resp.status_code, 400 <= resp.status_code < 500 and openai_error(resp) is not None)
+    )
     assert 400 <= resp.status_code < 500, resp.text[:300]
     assert openai_error(resp) is not None, resp.text[:300]
 
@@ -117,8 +148,9 @@ def test_slow_loris_body_gets_408_within_its_body_deadline(sidecar):
     """Headers promise 200 bytes; the body then trickles in a byte every 0.5 s and never completes."""
     body = completion(max_tokens=2)
     with socket.create_connection(("127.0.0.1", sidecar.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 200\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+        )
         t0 = time.monotonic()
         sock.settimeout(0.5)
         answer = b""
@@ -147,8 +179,12 @@ def test_slow_loris_body_gets_408_within_its_body_deadline(sidecar):
         except OSError:
             pass
     head, _, rest = answer.partition(b"\r\n\r\n")
-    figure("slow-loris", status=head.split(b" ")[1].decode() if head else None, answered_after_s=round(took, 2),
-           body_timeout_s=BODY_TIMEOUT_S)
+    figure(
+        "slow-loris",
+        status=head.split(b" ")[1].decode() if head else None,
+        answered_after_s=round(took, 2),
+        body_timeout_s=BODY_TIMEOUT_S,
+    )
     assert head.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b'"request_timeout"' in rest and b'"error"' in rest
     assert BODY_TIMEOUT_S - 0.1 <= took <= BODY_TIMEOUT_S + 1.5

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from reliability_support import (
+
+from tests.engine.reliability_support import (
     FAST,
     engine_gauge,
     figure,
@@ -21,9 +22,8 @@ from reliability_support import (
     start_streams,
     usage,
 )
-
-from helpers import procs
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.waiting import wait_until
 
 STREAMS, ROUNDS = 16, 3
 CUT_AFTER = 5  # events
@@ -52,13 +52,16 @@ KEEP_ALIVE_CLOSED_WITHIN_S = 60.0
 def one_round(sidecar: procs.Server, engine_url: str) -> tuple[int, int, float]:
     """(completed, cut, seconds until the engine ran nothing)."""
     threads = start_streams(sidecar.url, STREAMS // 2, long_stream(MAX_TOKENS), wait_events=False)
-    threads += start_streams(sidecar.url, STREAMS // 2, long_stream(CUT_MAX_TOKENS), cut_after=CUT_AFTER, wait_events=False)
+    threads += start_streams(
+        sidecar.url, STREAMS // 2, long_stream(CUT_MAX_TOKENS), cut_after=CUT_AFTER, wait_events=False
+    )
     for t in threads:
         t.join(timeout=120)
         assert not t.is_alive()
     t_gone = time.monotonic()
-    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, 10,
-               "the engine's running count back to 0")
+    wait_until(
+        lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, 10, "the engine's running count back to 0"
+    )
     settle_s = time.monotonic() - t_gone
     completed = sum(t.result.done and t.result.tokens == MAX_TOKENS for t in threads)
     cut = sum(len(t.result.events) == CUT_AFTER and not t.result.done for t in threads)
@@ -71,8 +74,11 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
     control = sockets_to(pid, engine_port)
     assert generate_ok(sidecar.url)
     relayed = sockets_to(pid, engine_port) - control  # its connection, idle in the relay's pool
-    wait_until(lambda: not relayed & sockets_to(pid, engine_port), KEEP_ALIVE_CLOSED_WITHIN_S,
-               "vLLM's keep-alive to close the relay's first engine connection")
+    wait_until(
+        lambda: not relayed & sockets_to(pid, engine_port),
+        KEEP_ALIVE_CLOSED_WITHIN_S,
+        "vLLM's keep-alive to close the relay's first engine connection",
+    )
     idle = usage(pid, engine_port)
     tokens_before = sidecar_metric(sidecar.url, 'palmyra_output_tokens_total{route="completions"}')
     rounds = []
@@ -83,8 +89,11 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
         # for the sockets the sidecar holds to the engine (in any state: one in CLOSE_WAIT still
         # holds a descriptor) to be back at the idle count, give or take the one a poll may be
         # opening (the assertion below); only what is really held remains then.
-        wait_until(lambda: len(sockets_to(pid, engine_port)) <= idle.engine_conns + 1, KEEP_ALIVE_CLOSED_WITHIN_S,
-                   "the relay's idle engine connections closed by vLLM's keep-alive")
+        wait_until(
+            lambda: len(sockets_to(pid, engine_port)) <= idle.engine_conns + 1,
+            KEEP_ALIVE_CLOSED_WITHIN_S,
+            "the relay's idle engine connections closed by vLLM's keep-alive",
+        )
         rounds.append((usage(pid, engine_port), settle_s))
     after = [u for u, _ in rounds]
     cuts = ROUNDS * STREAMS // 2
@@ -92,13 +101,19 @@ def test_cut_streams_are_aborted_and_nothing_leaks(sidecar, engine_server):
     tokens = sidecar_metric(sidecar.url, 'palmyra_output_tokens_total{route="completions"}')
     # As many streams ran to MAX_TOKENS as were cut; whatever else was counted came in whole cut streams.
     whole, rest = divmod(tokens - tokens_before - cuts * MAX_TOKENS, CUT_MAX_TOKENS)
-    figure("client disconnects", streams_per_round=STREAMS, cut_per_round=STREAMS // 2, rounds=ROUNDS,
-           engine_idle_after_s=[round(s, 2) for _, s in rounds],
-           engine_conns=[idle.engine_conns] + [u.engine_conns for u in after],
-           other_fds=[idle.fds - idle.engine_conns] + [u.fds - u.engine_conns for u in after],
-           threads=[idle.threads] + [u.threads for u in after],
-           rss_mb=[round(idle.rss_mb, 1)] + [round(u.rss_mb, 1) for u in after],
-           cut_seen_as_gone_499=gone, cut_but_delivered_whole=whole)
+    figure(
+        "client disconnects",
+        streams_per_round=STREAMS,
+        cut_per_round=STREAMS // 2,
+        rounds=ROUNDS,
+        engine_idle_after_s=[round(s, 2) for _, s in rounds],
+        engine_conns=[idle.engine_conns] + [u.engine_conns for u in after],
+        other_fds=[idle.fds - idle.engine_conns] + [u.fds - u.engine_conns for u in after],
+        threads=[idle.threads] + [u.threads for u in after],
+        rss_mb=[round(idle.rss_mb, 1)] + [round(u.rss_mb, 1) for u in after],
+        cut_seen_as_gone_499=gone,
+        cut_but_delivered_whole=whole,
+    )
     # Engine connections: the relay's pool is its own (the health poll does not keep it warm), so
     # once vLLM's keep-alive has closed what the rounds left idle, the count is back to the idle
     # one (the control-plane session's), give or take the one a poll may be opening. Every other

@@ -8,6 +8,7 @@ Order matters: hang first (it recovers with SIGCONT), then the two kills (each r
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from reliability_support import (
+
+from tests.engine.reliability_support import (
     FAST,
     TransitionWatcher,
     engine_core,
@@ -25,11 +27,10 @@ from reliability_support import (
     ready,
     start_streams,
 )
-
-from helpers import procs
-from helpers.api import HTTP, completion
-from helpers.procs import signal_session
-from helpers.waiting import seconds_until, wait_until
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion
+from tests.helpers.procs import signal_session
+from tests.helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])
 LIVENESS_BUDGET_S = float(FAST["PALMYRA_LIVENESS_BUDGET_S"])
@@ -43,7 +44,7 @@ class RestartableEngine:
         self.model_dir, self.log_dir = model_dir, log_dir
         self.port = procs.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._cm = None
+        self._cm: contextlib.AbstractContextManager[procs.Server] | None = None
         self.server: procs.Server | None = None
 
     def start(self) -> float:
@@ -85,8 +86,10 @@ def with_group_continued(eng: RestartableEngine) -> None:
 
 @pytest.fixture(scope="module")
 def sidecar(engine: RestartableEngine, log_dir) -> Iterator[procs.Server]:
-    with procs.sidecar(engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST,
-                       timeout_s=120) as server:
+    assert engine.server is not None, "started by the engine fixture"
+    with procs.sidecar(
+        engine.url, log_dir, engine_api_key=engine.server.api_key, extra_env=FAST, timeout_s=120
+    ) as server:
         yield server
 
 
@@ -103,9 +106,16 @@ def stream_endings(threads, t_fault: float) -> list[dict]:
         assert not t.is_alive(), "a client stream hung after the engine failed"
         r = t.result
         err = r.error_event()
-        out.append({"after_s": round(r.ended_at - t_fault, 3), "status": r.status,
-                    "tokens_before": r.tokens, "error_event": err.get("code") if err else None,
-                    "closed": r.error is not None, "done": r.done})
+        out.append(
+            {
+                "after_s": round(r.ended_at - t_fault, 3),
+                "status": r.status,
+                "tokens_before": r.tokens,
+                "error_event": err.get("code") if err else None,
+                "closed": r.error is not None,
+                "done": r.done,
+            }
+        )
     return out
 
 
@@ -127,8 +137,12 @@ def recover(engine: RestartableEngine, sidecar: procs.Server) -> dict:
     body = HTTP.get(f"{sidecar.url}/ready", timeout=2).json()
     assert body["progress"]["done"] == body["progress"]["total"] > 0
     assert generate_ok(sidecar.url)
-    return {"engine_restart_s": round(engine_start_s, 1), "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
-            "warmup_s": body["warmup_seconds"], "ready_wait_s": round(ready_after_s, 2)}
+    return {
+        "engine_restart_s": round(engine_start_s, 1),
+        "ready_after_engine_up_s": round(time.monotonic() - t0, 2),
+        "warmup_s": body["warmup_seconds"],
+        "ready_wait_s": round(ready_after_s, 2),
+    }
 
 
 def test_engine_hung_by_sigstop(engine, sidecar):
@@ -151,7 +165,8 @@ def test_engine_hung_by_sigstop(engine, sidecar):
 
         wait_until(lambda: watcher.unlive_at is not None, 15, "/health failing")
         watcher.finish()
-        assert watcher.unready_at is not None and watcher.unlive_status == "engine_hung", watcher.unlive_status
+        assert watcher.unready_at is not None and watcher.unlive_at is not None
+        assert watcher.unlive_status == "engine_hung", watcher.unlive_status
         unready_s, hung_s = watcher.unready_at - t_stop, watcher.unlive_at - t_stop
         assert unready_s <= 3.0, "the health poller (1 s timeout) or the canary must notice within seconds"
         # Judged from the last good /health poll (at most one 0.2 s poll interval before the stop).
@@ -163,10 +178,16 @@ def test_engine_hung_by_sigstop(engine, sidecar):
     recovered_s = time.monotonic() - t_cont
     assert liveness(sidecar.url)[0] == 200
     assert generate_ok(sidecar.url)
-    figure("engine hung (SIGSTOP)", request_504_after_s=round(request_s, 2),
-           streams_ended_after_s=[e["after_s"] for e in endings], unready_after_s=round(unready_s, 2),
-           liveness_failed_after_s=round(hung_s, 2), liveness_budget_s=LIVENESS_BUDGET_S,
-           read_timeout_s=READ_TIMEOUT_S, ready_again_after_sigcont_s=round(recovered_s, 2))
+    figure(
+        "engine hung (SIGSTOP)",
+        request_504_after_s=round(request_s, 2),
+        streams_ended_after_s=[e["after_s"] for e in endings],
+        unready_after_s=round(unready_s, 2),
+        liveness_failed_after_s=round(hung_s, 2),
+        liveness_budget_s=LIVENESS_BUDGET_S,
+        read_timeout_s=READ_TIMEOUT_S,
+        ready_again_after_sigcont_s=round(recovered_s, 2),
+    )
 
 
 @pytest.mark.parametrize("target", ["engine-core", "process-group"])
@@ -198,6 +219,7 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
 
     wait_until(lambda: watcher.unready_at and watcher.unlive_at, 10, "/ready and /health failing", 0.05)
     watcher.finish()
+    assert watcher.unready_at is not None and watcher.unlive_at is not None
     unready_s, unlive_s = watcher.unready_at - t_kill, watcher.unlive_at - t_kill
     assert unready_s <= 2.0 and unlive_s <= 2.0, (unready_s, unlive_s)
     # Readiness follows what the relay sees: unready within 0.5 s of the first stream's end (the
@@ -213,8 +235,14 @@ def test_engine_killed_mid_stream(engine, sidecar, target):
         assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
 
     recovered = recover(engine, sidecar)
-    figure(f"engine killed mid-stream ({target})", streams=len(endings),
-           ended_after_s=[e["after_s"] for e in endings],
-           endings=sorted({e["error_event"] or "connection closed" for e in endings}),
-           unready_after_s=round(unready_s, 2), unlive_after_s=round(unlive_s, 2), health=body["status"],
-           request_while_dead=during.status_code, **recovered)
+    figure(
+        f"engine killed mid-stream ({target})",
+        streams=len(endings),
+        ended_after_s=[e["after_s"] for e in endings],
+        endings=sorted({e["error_event"] or "connection closed" for e in endings}),
+        unready_after_s=round(unready_s, 2),
+        unlive_after_s=round(unlive_s, 2),
+        health=body["status"],
+        request_while_dead=during.status_code,
+        **recovered,
+    )

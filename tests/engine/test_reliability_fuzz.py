@@ -17,10 +17,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from reliability_support import figure, generate_ok
 from schemathesis import GenerationMode
+from schemathesis.core.result import Err
 
-from helpers.api import HTTP
+from tests.engine.reliability_support import figure, generate_ok
+from tests.helpers.api import HTTP
 
 CASE_TIMEOUT_S = 30.0
 TOKEN_CAP, N_CAP = 16, 2
@@ -44,37 +45,66 @@ def fuzz(base_url: str, max_examples: int) -> tuple[collections.Counter, list[st
     failures: list[str] = []
     t0 = time.monotonic()
     for result in schema.get_all_operations():
+        if isinstance(result, Err):  # an operation the document describes wrongly is a finding too
+            failures.append(f"invalid operation in the API document: {result.err()}")
+            continue
         operation = result.ok()
         for mode in GenerationMode:
-            @settings(max_examples=max_examples, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
-            @given(case=operation.as_strategy(generation_mode=mode))
-            def run(case: schemathesis.Case) -> None:
-                bound_cost(case.body)
-                try:
-                    resp = case.call(base_url=base_url, timeout=CASE_TIMEOUT_S)
-                except Exception as exc:  # a hang or a dropped connection is a failure, not a crash of the test
-                    failures.append(f"{operation.label} [{mode.value}] {type(exc).__name__}: {case.body!r:.200}")
-                    return
-                seen[(operation.label, resp.status_code)] += 1
-                if resp.status_code >= 500:
-                    failures.append(f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} "
-                                    f"-> {resp.text[:200]}")
-
-            try:
-                run()
-            except Unsatisfiable:
-                pass  # no invalid input exists for an operation without parameters
+            _fuzz_one(base_url, operation, mode, max_examples, seen, failures)
     return seen, failures, time.monotonic() - t0
+
+
+def _fuzz_one(
+    base_url: str,
+    operation: schemathesis.APIOperation,
+    mode: GenerationMode,
+    max_examples: int,
+    seen: collections.Counter,
+    failures: list[str],
+) -> None:
+    """One operation in one generation mode. A function of its own so that the test hypothesis
+    builds closes over this call's operation and mode, not over the caller's loop variables."""
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: schemathesis.Case) -> None:
+        bound_cost(case.body)
+        try:
+            resp = case.call(base_url=base_url, timeout=CASE_TIMEOUT_S)
+        except Exception as exc:  # a hang or a dropped connection is a failure, not a crash of the test
+            failures.append(f"{operation.label} [{mode.value}] {type(exc).__name__}: {case.body!r:.200}")
+            return
+        seen[(operation.label, resp.status_code)] += 1
+        if resp.status_code >= 500:
+            failures.append(
+                f"{operation.label} [{mode.value}] {resp.status_code}: {case.body!r:.200} -> {resp.text[:200]}"
+            )
+
+    try:
+        run()
+    except Unsatisfiable:
+        pass  # no invalid input exists for an operation without parameters
 
 
 def check(sidecar_server, engine_server, max_examples: int, label: str) -> None:
     seen, failures, took = fuzz(sidecar_server.url, max_examples)
-    statuses = collections.Counter()
+    statuses: collections.Counter[int] = collections.Counter()
     for (_, status), count in seen.items():
         statuses[status] += count
-    figure(label, cases=sum(seen.values()) + len(failures), seconds=round(took, 1),
-           statuses=dict(sorted(statuses.items())), failures=len(failures))
+    figure(
+        label,
+        cases=sum(seen.values()) + len(failures),
+        seconds=round(took, 1),
+        statuses=dict(sorted(statuses.items())),
+        failures=len(failures),
+    )
     for failure in failures[:20]:
         print("  " + failure)
     assert sidecar_server.proc.poll() is None, "the sidecar crashed"

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, access_durations_s, figure, generate_ok, percentile, sidecar_metric
 
-from helpers import procs
-from helpers.api import HTTP, completion
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import FAST, access_durations_s, figure, generate_ok, percentile, sidecar_metric
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion
+from tests.helpers.waiting import wait_until
 
 MAX_IN_FLIGHT, MAX_QUEUE = 4, 4
 BURST, WAVES = 48, 3
@@ -27,16 +27,22 @@ QUEUE_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
-    env = {**FAST, "PALMYRA_ADMISSION_MODE": "fixed", "PALMYRA_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT),
-           "PALMYRA_MAX_QUEUE": str(MAX_QUEUE),
-           "PALMYRA_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S), "PALMYRA_READ_TIMEOUT_S": "30"}
+    env = {
+        **FAST,
+        "PALMYRA_ADMISSION_MODE": "fixed",
+        "PALMYRA_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT),
+        "PALMYRA_MAX_QUEUE": str(MAX_QUEUE),
+        "PALMYRA_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
+        "PALMYRA_READ_TIMEOUT_S": "30",
+    }
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
 
 
 async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int | str, float, str | None]:
-    payload = completion(f"Request {i}: tell me about the sea", max_tokens=MAX_TOKENS, ignore_eos=True,
-                         stream=i % 2 == 0)
+    payload = completion(
+        f"Request {i}: tell me about the sea", max_tokens=MAX_TOKENS, ignore_eos=True, stream=i % 2 == 0
+    )
     t0 = time.monotonic()
     try:
         resp = await client.post(f"{url}/v1/completions", json=payload)
@@ -58,8 +64,12 @@ def test_overload_gets_fast_429s_and_bounded_latency_for_the_admitted(sidecar):
     single = []
     for _ in range(3):  # the unloaded latency of one such request, for scale
         t0 = time.monotonic()
-        assert HTTP.post(f"{sidecar.url}/v1/completions", timeout=60,
-                          json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)).status_code == 200
+        assert (
+            HTTP.post(
+                f"{sidecar.url}/v1/completions", timeout=60, json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)
+            ).status_code
+            == 200
+        )
         single.append(time.monotonic() - t0)
     results = []
     for _ in range(WAVES):
@@ -72,15 +82,28 @@ def test_overload_gets_fast_429s_and_bounded_latency_for_the_admitted(sidecar):
     # The assertions use the timings the sidecar logged (arrival to last byte written): the client's
     # also carry the VM's loopback stalls, which have reached seconds under this load.
     # The access log is flushed within 50 ms: wait for every request's line.
-    wait_until(lambda: sum(len(access_durations_s(sidecar.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
-               5, "every request in the access log")
+    wait_until(
+        lambda: sum(len(access_durations_s(sidecar.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
+        5,
+        "every request in the access log",
+    )
     sidecar_admitted, sidecar_rejected = (access_durations_s(sidecar.log(), status) for status in (200, 429))
-    figure("overload", sent=len(results), accepted=len(accepted), rejected=len(rejected), other=other,
-           capacity=f"{MAX_IN_FLIGHT} in flight + {MAX_QUEUE} queued", burst=BURST, waves=WAVES,
-           unloaded_s=round(min(single), 3), admitted_p50_s=round(percentile(accepted, 50), 3),
-           admitted_p99_s=round(p99_admitted, 3), rejected_p99_s=round(p99_rejected, 3),
-           in_sidecar_admitted_p99_s=round(percentile(sidecar_admitted, 99), 3),
-           in_sidecar_rejected_p99_s=round(percentile(sidecar_rejected, 99), 4))
+    figure(
+        "overload",
+        sent=len(results),
+        accepted=len(accepted),
+        rejected=len(rejected),
+        other=other,
+        capacity=f"{MAX_IN_FLIGHT} in flight + {MAX_QUEUE} queued",
+        burst=BURST,
+        waves=WAVES,
+        unloaded_s=round(min(single), 3),
+        admitted_p50_s=round(percentile(accepted, 50), 3),
+        admitted_p99_s=round(p99_admitted, 3),
+        rejected_p99_s=round(p99_rejected, 3),
+        in_sidecar_admitted_p99_s=round(percentile(sidecar_admitted, 99), 3),
+        in_sidecar_rejected_p99_s=round(percentile(sidecar_rejected, 99), 4),
+    )
     assert not other, f"every request must get 200 or 429, got {other}"
     assert len(accepted) >= WAVES * (MAX_IN_FLIGHT + MAX_QUEUE), "at least capacity is served in each wave"
     assert len(rejected) >= WAVES * (BURST - 2 * (MAX_IN_FLIGHT + MAX_QUEUE)), "the excess is refused"
@@ -118,27 +141,46 @@ def adaptive_sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
 def test_adaptive_overload_bounds_the_queue_by_the_slo_and_refuses_the_rest_fast(adaptive_sidecar):
     sc = adaptive_sidecar
     for _ in range(3):  # the engine's latency, learnt by the gate
-        assert HTTP.post(f"{sc.url}/v1/completions", timeout=60,
-                         json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)).status_code == 200
+        assert (
+            HTTP.post(
+                f"{sc.url}/v1/completions", timeout=60, json=completion(max_tokens=MAX_TOKENS, ignore_eos=True)
+            ).status_code
+            == 200
+        )
     results = []
     for _ in range(WAVES):
         results += asyncio.run(burst(sc.url, BURST))
     accepted = [took for status, took, _ in results if status == 200]
     rejected = [(took, ra) for status, took, ra in results if status == 429]
     other = [status for status, _, _ in results if status not in (200, 429)]
-    wait_until(lambda: sum(len(access_durations_s(sc.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
-               5, "every request in the access log")
+    wait_until(
+        lambda: sum(len(access_durations_s(sc.log(), s)) for s in (200, 429)) >= len(accepted) + len(rejected),
+        5,
+        "every request in the access log",
+    )
     sidecar_rejected = access_durations_s(sc.log(), 429)
-    waits = [json.loads(line).get("queue_ms", 0) / 1000 for line in sc.log().splitlines()
-             if '"palmyra.access"' in line and '"status":200' in line]
-    reasons = {r: sidecar_metric(sc.url, f'palmyra_rejections_total{{reason="{r}"}}')
-               for r in ("slo_unreachable", "queue_full", "queue_timeout")}
-    figure("overload (adaptive)", sent=len(results), accepted=len(accepted), rejected=len(rejected), other=other,
-           limit=sidecar_metric(sc.url, "palmyra_concurrency_limit"),
-           ceiling=sidecar_metric(sc.url, "palmyra_concurrency_ceiling"), reasons=reasons,
-           max_queue_wait_s=round(max(waits, default=0.0), 3),
-           admitted_p50_s=round(percentile(accepted, 50), 3), rejected_p99_s=round(percentile(
-               [t for t, _ in rejected], 99), 3) if rejected else None)
+    waits = [
+        json.loads(line).get("queue_ms", 0) / 1000
+        for line in sc.log().splitlines()
+        if '"palmyra.access"' in line and '"status":200' in line
+    ]
+    reasons = {
+        r: sidecar_metric(sc.url, f'palmyra_rejections_total{{reason="{r}"}}')
+        for r in ("slo_unreachable", "queue_full", "queue_timeout")
+    }
+    figure(
+        "overload (adaptive)",
+        sent=len(results),
+        accepted=len(accepted),
+        rejected=len(rejected),
+        other=other,
+        limit=sidecar_metric(sc.url, "palmyra_concurrency_limit"),
+        ceiling=sidecar_metric(sc.url, "palmyra_concurrency_ceiling"),
+        reasons=reasons,
+        max_queue_wait_s=round(max(waits, default=0.0), 3),
+        admitted_p50_s=round(percentile(accepted, 50), 3),
+        rejected_p99_s=round(percentile([t for t, _ in rejected], 99), 3) if rejected else None,
+    )
     assert not other, f"every request must get 200 or 429, got {other}"
     assert accepted, "some of every burst is served"
     assert all(ra is not None and int(ra) >= 1 for _, ra in rejected), "every 429 carries Retry-After"

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
 
-from helpers import procs
-from helpers.api import MODEL, completion, plain_client
+from tests.engine.reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
+from tests.helpers import procs
+from tests.helpers.api import MODEL, completion, plain_client
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4
@@ -27,8 +27,13 @@ RSS_SLACK_MB, FD_SLACK, THREAD_SLACK, CONN_SLACK = 6.0, 4, 2, 4
 
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
-    env = {**FAST, "PALMYRA_MAX_IN_FLIGHT": "6", "PALMYRA_MAX_QUEUE": "2", "PALMYRA_READ_TIMEOUT_S": "30",
-           "PALMYRA_LOG_LEVEL": "warning"}  # the access log would only grow the captured file
+    env = {
+        **FAST,
+        "PALMYRA_MAX_IN_FLIGHT": "6",
+        "PALMYRA_MAX_QUEUE": "2",
+        "PALMYRA_READ_TIMEOUT_S": "30",
+        "PALMYRA_LOG_LEVEL": "warning",
+    }  # the access log would only grow the captured file
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
 
@@ -68,8 +73,7 @@ def traffic(url: str, stop: threading.Event, seen: Counter, seed: int) -> None:
 def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, warmup_s: float) -> None:
     stop = threading.Event()
     seen: Counter = Counter()
-    workers = [threading.Thread(target=traffic, args=(sidecar.url, stop, seen, i), daemon=True)
-               for i in range(WORKERS)]
+    workers = [threading.Thread(target=traffic, args=(sidecar.url, stop, seen, i), daemon=True) for i in range(WORKERS)]
     for w in workers:
         w.start()
     samples = []
@@ -89,17 +93,22 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, war
     def mean(rows, attr):
         return statistics.fmean(getattr(u, attr) for u in rows)
 
-    growth = {attr: round(mean(last, attr) - mean(first, attr), 2)
-              for attr in ("rss_mb", "fds", "threads", "engine_conns")}
+    growth = {
+        attr: round(mean(last, attr) - mean(first, attr), 2) for attr in ("rss_mb", "fds", "threads", "engine_conns")
+    }
     requests = sum(seen.values())
-    unexpected = {k: v for k, v in seen.items()
-                  if not k.endswith((":200", ":400", ":429")) and k not in ("cut:200",)}
-    figure(f"soak ({seconds:.0f} s)", requests=requests, samples=len(samples),
-           rss_mb_first_last=(round(mean(first, "rss_mb"), 1), round(mean(last, "rss_mb"), 1)),
-           fds_first_last=(round(mean(first, "fds"), 1), round(mean(last, "fds"), 1)),
-           threads_first_last=(round(mean(first, "threads"), 1), round(mean(last, "threads"), 1)),
-           engine_conns_max=max(u.engine_conns for u in samples), growth=growth,
-           outcomes=dict(sorted(seen.items())))
+    unexpected = {k: v for k, v in seen.items() if not k.endswith((":200", ":400", ":429")) and k not in ("cut:200",)}
+    figure(
+        f"soak ({seconds:.0f} s)",
+        requests=requests,
+        samples=len(samples),
+        rss_mb_first_last=(round(mean(first, "rss_mb"), 1), round(mean(last, "rss_mb"), 1)),
+        fds_first_last=(round(mean(first, "fds"), 1), round(mean(last, "fds"), 1)),
+        threads_first_last=(round(mean(first, "threads"), 1), round(mean(last, "threads"), 1)),
+        engine_conns_max=max(u.engine_conns for u in samples),
+        growth=growth,
+        outcomes=dict(sorted(seen.items())),
+    )
     assert len(samples) >= 9
     assert not unexpected, unexpected
     assert seen.get("bad:400", 0) > 0 and sum(v for k, v in seen.items() if k.startswith("cut:")) > 0

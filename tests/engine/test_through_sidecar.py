@@ -7,13 +7,14 @@ import json
 import socket
 import subprocess
 import time
+from typing import Any
 
 import openai
 import pytest
-from reliability_support import engine_gauge
 
-from helpers.api import HTTP, raw_json_post
-from helpers.waiting import wait_until
+from tests.engine.reliability_support import engine_gauge
+from tests.helpers.api import HTTP, raw_json_post
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def sdk(sidecar_server) -> openai.OpenAI:
 
 # Long enough to still be generating when the client leaves: the most the engine's max-model-len
 # (2048) allows after the one-token prompt, about 20 s at this machine's single-stream rate.
-LONG_GENERATION = {"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 2000, "ignore_eos": True}
+LONG_GENERATION: dict[str, Any] = {"model": "palmyra-mini", "prompt": "Tell", "max_tokens": 2000, "ignore_eos": True}
 # While the CPU engine generates, a test process can wait on the run queue for the whole generation
 # (docs/reliability.md, finding 5). Such a stall leaves nothing to abort, so that attempt is retried.
 ATTEMPTS = 3
@@ -44,15 +45,27 @@ def test_sdk_completion_returns_real_generated_tokens(sdk):
 
 
 def test_sdk_chat_and_streaming(sdk):
-    chat = sdk.chat.completions.create(model="palmyra-mini", messages=[{"role": "user", "content": "Hi"}],
-                                       max_tokens=5)
+    chat = sdk.chat.completions.create(model="palmyra-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 5
-    pieces = [c.choices[0].text for c in sdk.completions.create(
-        model="palmyra-mini", prompt="Once upon", max_tokens=6, stream=True, temperature=0) if c.choices]
+    pieces = [
+        c.choices[0].text
+        for c in sdk.completions.create(
+            model="palmyra-mini", prompt="Once upon", max_tokens=6, stream=True, temperature=0
+        )
+        if c.choices
+    ]
     assert len(pieces) == 6
-    deltas = [c.choices[0].delta.content for c in sdk.chat.completions.create(
-        model="palmyra-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True,
-        stream_options={"include_usage": True}) if c.choices]
+    deltas = [
+        c.choices[0].delta.content
+        for c in sdk.chat.completions.create(
+            model="palmyra-mini",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        if c.choices
+    ]
     assert len([d for d in deltas if d]) >= 3
 
 
@@ -68,9 +81,22 @@ def test_sdk_errors_are_openai_errors(sdk):
 
 def test_curl_completion_and_request_id(sidecar_server):
     out = subprocess.run(
-        ["curl", "-sS", "-i", f"{sidecar_server.url}/v1/completions", "-H", "Content-Type: application/json",
-         "-H", "X-Request-Id: curl-1", "-d", json.dumps({"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 4})],
-        capture_output=True, text=True, timeout=60)
+        [
+            "curl",
+            "-sS",
+            "-i",
+            f"{sidecar_server.url}/v1/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "X-Request-Id: curl-1",
+            "-d",
+            json.dumps({"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 4}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     head, _, body = out.stdout.partition("\n\n")  # text mode turned \r\n into \n
     assert head.startswith("HTTP/1.1 200") and "x-request-id: curl-1" in head.lower(), out.stdout
@@ -78,8 +104,9 @@ def test_curl_completion_and_request_id(sidecar_server):
 
 
 def wait_engine_idle(engine_url: str, within_s: float) -> None:
-    wait_until(lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s,
-               "the engine running nothing")
+    wait_until(
+        lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s, "the engine running nothing"
+    )
 
 
 def assert_stopped_early(engine_url: str, generated_before: float) -> None:
@@ -123,16 +150,24 @@ def test_client_disconnect_aborts_a_non_streamed_generation_in_the_engine(sideca
     # Nothing comes back until a non-streamed generation is finished, so only the sidecar noticing
     # the socket close can stop it.
     def generation_running(_sock: socket.socket) -> None:
-        wait_until(lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1, 10,
-                   "the generation started", interval_s=0.05)
+        wait_until(
+            lambda: engine_gauge(engine_server.url, "vllm:num_requests_running") == 1,
+            10,
+            "the generation started",
+            interval_s=0.05,
+        )
 
     before = leave_mid_generation(sidecar_server, engine_server.url, LONG_GENERATION, generation_running)
     assert_stopped_early(engine_server.url, before)
 
 
 # What a load-aware router and the dashboards read from the engine's own page.
-ENGINE_SERIES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                 "vllm:cache_config_info")
+ENGINE_SERIES = (
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+)
 
 
 def test_engine_metrics_are_served_unchanged_on_the_sidecar_port(sidecar_server, engine_server):

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from helpers import procs
-from helpers.api import HTTP, completion, plain_client
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.api import HTTP, completion, plain_client
+from tests.helpers.waiting import wait_until
 
 # vLLM names its processes: the engine core and the workers by process title (/proc/<pid>/comm
 # keeps 15 characters of it), the API server by its module on the command line.
@@ -85,8 +85,10 @@ class Stream(threading.Thread):
     def run(self) -> None:
         body = completion("Tell me a long story", max_tokens=1500, stream=True, ignore_eos=True)
         try:
-            with plain_client(timeout=120) as client, \
-                    client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+            with (
+                plain_client(timeout=120) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=body) as resp,
+            ):
                 for _ in resp.iter_bytes():
                     self.started.set()
         except httpx.HTTPError:
@@ -112,12 +114,18 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
     seen = engine_log.stat().st_size
     t_kill = time.monotonic()
     victim.send_signal(signal.SIGKILL)
-    wait_until(lambda: f"engine restarted (restart {restart})" in u.console(), 90,
-               f"up to restart the engine after its {target} was killed", interval_s=0.2)
+    wait_until(
+        lambda: f"engine restarted (restart {restart})" in u.console(),
+        90,
+        f"up to restart the engine after its {target} was killed",
+        interval_s=0.2,
+    )
     took = time.monotonic() - t_kill
     left = of_engine(sid, groups)
-    print(f"{target} killed {'mid-stream' if mid_stream else 'idle'} (pid {victim.pid}); up restarted the engine "
-          f"{took:.1f} s later; left of the old engine (session {sid}, groups {sorted(groups)}): {left or 'nothing'}")
+    print(
+        f"{target} killed {'mid-stream' if mid_stream else 'idle'} (pid {victim.pid}); up restarted the engine "
+        f"{took:.1f} s later; left of the old engine (session {sid}, groups {sorted(groups)}): {left or 'nothing'}"
+    )
     said = engine_log.read_bytes()[seen:].decode(errors="replace").splitlines()
     for line in said:  # what the launcher found and did (ended leftovers, needed SIGKILL)
         if "engine processes behind" in line or "SIGKILL" in line:
@@ -135,10 +143,15 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
 
 def wait_ready_again(u: procs.Up, restarts: int) -> None:
     t0 = time.monotonic()
-    wait_until(lambda: u.console().count("ready again in ") >= restarts, 420, "ready again after the restart",
-               interval_s=1)
-    wait_until(lambda: HTTP.get(f"{u.url}/ready", timeout=5).status_code == 200, 120,
-               "/ready true after the restart", interval_s=0.5)
+    wait_until(
+        lambda: u.console().count("ready again in ") >= restarts, 420, "ready again after the restart", interval_s=1
+    )
+    wait_until(
+        lambda: HTTP.get(f"{u.url}/ready", timeout=5).status_code == 200,
+        120,
+        "/ready true after the restart",
+        interval_s=0.5,
+    )
     print(f"  ready again {time.monotonic() - t0:.0f} s later")
 
 

@@ -17,8 +17,19 @@ PERTURBED_TENSOR = "model.layers.1.mlp.down_proj.weight"
 
 
 def _validate(url: str, api_key: str | None, model_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "palmyra_serve.cli", "validate", "--base-url", url, "--model-dir", str(model_dir),
-            "--out", str(out), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "palmyra_serve.cli",
+        "validate",
+        "--base-url",
+        url,
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(out),
+        *extra,
+    ]
     if api_key:
         argv += ["--api-key", api_key]
     return subprocess.run(argv, capture_output=True, text=True, timeout=600)

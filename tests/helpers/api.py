@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
@@ -13,7 +14,7 @@ import httpx
 # (12.7 s of run-queue wait for 0.015 s of CPU, /proc/self/schedstat), which stalled test clients
 # long enough to miss what they were watching. Without verification a client costs 0.2 ms.
 # No keep-alive on the shared one, so it holds no connection between calls (as httpx.get did).
-def plain_client(**kwargs) -> httpx.Client:
+def plain_client(**kwargs: Any) -> httpx.Client:
     return httpx.Client(verify=False, **kwargs)
 
 
@@ -54,8 +55,10 @@ def raw_json_post(path: str, payload: dict, headers: dict[str, str] | None = Non
     """A whole HTTP/1.1 POST as bytes, for tests that hold the socket themselves (to cut it)."""
     body = json.dumps(payload).encode()
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def metric_value(client: httpx.Client, url: str, name: str) -> float:

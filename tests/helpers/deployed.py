@@ -25,7 +25,7 @@ def sidecar_settings(config: dict[str, str], sidecar: dict) -> Settings:
     assert command[0] == "palmyra-serve", command
     flags = {k: v for k, v in vars(build_parser().parse_args(command[1:])).items() if k in Settings.model_fields}
     known = {k: v for k, v in fields.items() if k in Settings.model_fields}
-    return Settings(_env_file=None, **{**known, **flags})  # type: ignore[arg-type]
+    return Settings(_env_file=None, **{**known, **flags})
 
 
 def compose_sidecar_settings(service: dict, image_env: dict[str, str], entrypoint: list[str]) -> Settings:

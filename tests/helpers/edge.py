@@ -7,7 +7,10 @@ import socket
 import threading
 import time
 
+import httpx
 import psutil
+
+from tests.helpers.procs import Server
 
 MIB = 1024 * 1024
 
@@ -48,7 +51,7 @@ def header_of(response: bytes, name: bytes) -> bytes | None:
     return None
 
 
-def counter(client, sc, series: str) -> float:
+def counter(client: httpx.Client, sc: Server, series: str) -> float:
     """One series of the sidecar's /metrics, e.g. 'palmyra_rejections_total{reason="x"}' (0 if absent)."""
     for line in client.get(f"{sc.url}/metrics").text.splitlines():
         if line.startswith(series + " "):
@@ -56,7 +59,7 @@ def counter(client, sc, series: str) -> float:
     return 0.0
 
 
-def rejections(client, sc, reason: str) -> float:
+def rejections(client: httpx.Client, sc: Server, reason: str) -> float:
     return counter(client, sc, f'palmyra_rejections_total{{reason="{reason}"}}')
 
 
@@ -98,6 +101,8 @@ def busy_connection(port: int) -> socket.socket:
     """A connection in the middle of a request: a POST whose body never finishes arriving (the
     relay waits for it until the body deadline). Never closed to make room at the cap."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 100\r\n\r\n{\"model\"")
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model"'
+    )
     return s

@@ -46,25 +46,70 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any, TypedDict
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-STATE = {"health": "ok", "generate": "ok", "metrics": "ok", "metrics_bytes": 0, "first_delay_s": 0.0,
-         "token_delay_s": 0.0, "generate_delay": 0.0, "one_write": False, "tokenize_delay_s": 0.0,
-         "max_running": 0}
+# The fault knobs: set from the tests' JSON (STATE.update), so any value; read through float()/int().
+STATE: dict[str, Any] = {
+    "health": "ok",
+    "generate": "ok",
+    "metrics": "ok",
+    "metrics_bytes": 0,
+    "first_delay_s": 0.0,
+    "token_delay_s": 0.0,
+    "generate_delay": 0.0,
+    "one_write": False,
+    "tokenize_delay_s": 0.0,
+    "max_running": 0,
+}
 LEAKED_SECRET = "sk-live-LEAKED-0123"  # in the leaky 500's body: a client must never see it
-METRICS_PAGE = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-                b"# TYPE vllm:num_requests_running gauge\n"
-                b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n')
+METRICS_PAGE = (
+    b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    b"# TYPE vllm:num_requests_running gauge\n"
+    b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n'
+)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-STATS = {"requests": 0, "aborted": 0, "completed": 0, "request_ids": [], "auth": [], "paths": [], "headers": {},
-         "tokenizing": 0, "tokenizing_max": 0, "metrics_renders": 0, "running": 0, "waiting": 0}
+
+
+class Stats(TypedDict):
+    """What the engine saw, for the tests to assert on."""
+
+    requests: int
+    aborted: int
+    completed: int
+    request_ids: list[str | None]
+    auth: list[str | None]
+    paths: list[str]
+    headers: dict[str, str]
+    tokenizing: int
+    tokenizing_max: int
+    metrics_renders: int
+    running: int
+    waiting: int
+
+
+STATS: Stats = {
+    "requests": 0,
+    "aborted": 0,
+    "completed": 0,
+    "request_ids": [],
+    "auth": [],
+    "paths": [],
+    "headers": {},
+    "tokenizing": 0,
+    "tokenizing_max": 0,
+    "metrics_renders": 0,
+    "running": 0,
+    "waiting": 0,
+}
 SLOTS: dict[int, asyncio.Semaphore] = {}  # one per max_running value, made on first use
 
 
 @web.middleware
-async def record(request: web.Request, handler):
+async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every client request that reached the engine (raw target and headers): what the sidecar let through."""
     if not request.path.startswith("/fake/") and request.path != "/health":
         STATS["paths"].append(request.raw_path)
@@ -84,20 +129,40 @@ def _chunk(i: int, chat: bool, pad: int = 0) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def _socket(request: web.Request) -> asyncio.Transport:
+    transport = request.transport
+    assert transport is not None, "the client's connection is already gone"
+    return transport
+
+
 def _raw(request: web.Request, data: bytes) -> None:
     """Write bytes straight to the socket (faults aiohttp would not produce) and close it."""
-    request.transport.write(data)
-    request.transport.close()
+    transport = _socket(request)
+    transport.write(data)
+    transport.close()
 
 
 def _tricky_stream() -> list[bytes]:
     """Reads of a stream the old count-the-markers accounting got wrong: 6 tokens in 2 choices."""
+
     def ev(choice: int, text: str) -> bytes:
-        return b"data: " + json.dumps({"object": "text_completion",
-                                       "choices": [{"index": choice, "text": text}]}).encode() + b"\n\n"
+        return (
+            b"data: "
+            + json.dumps({"object": "text_completion", "choices": [{"index": choice, "text": text}]}).encode()
+            + b"\n\n"
+        )
+
     usage = b"data: " + json.dumps({"object": "text_completion", "choices": [], "usage": USAGE_TRICKY}).encode()
-    stream = (ev(0, "data: ") + ev(1, "a") + ev(0, "x\n\ndata: y") + ev(1, "b") + ev(0, "c") + ev(1, "data: [DONE]")
-              + usage + b"\n\ndata: [DONE]\n\n")
+    stream = (
+        ev(0, "data: ")
+        + ev(1, "a")
+        + ev(0, "x\n\ndata: y")
+        + ev(1, "b")
+        + ev(0, "c")
+        + ev(1, "data: [DONE]")
+        + usage
+        + b"\n\ndata: [DONE]\n\n"
+    )
     cuts = [2, stream.index(b"data: ", 10) + 3, stream.index(b'"completion_tokens"') + 4, len(stream) - 3]
     return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
 
@@ -123,8 +188,12 @@ async def health(_: web.Request) -> web.Response:
 
 
 async def models(_: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [
-        {"id": "palmyra-mini", "object": "model", "root": "/nonexistent/fake", "max_model_len": 2048}]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": "palmyra-mini", "object": "model", "root": "/nonexistent/fake", "max_model_len": 2048}],
+        }
+    )
 
 
 async def stats(_: web.Request) -> web.Response:
@@ -173,35 +242,59 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             STATS["aborted"] += 1
             raise
     if mode == "fake:fail":
-        return web.json_response({"error": {"message": "engine core died", "type": "InternalServerError",
-                                            "param": None, "code": 500}}, status=500)
+        return web.json_response(
+            {"error": {"message": "engine core died", "type": "InternalServerError", "param": None, "code": 500}},
+            status=500,
+        )
     if mode == "fake:leaky-500":
-        detail = f"Traceback (most recent call last):\n  File \"/srv/engine.py\"\nKeyError: api_key={LEAKED_SECRET}"
-        return web.json_response({"error": {"message": detail, "type": "InternalServerError", "param": None,
-                                            "code": 500}}, status=500,
-                                 headers={"set-cookie": "session=abc", "access-control-allow-origin": "*",
-                                          "x-engine-internal": "node-7"})
+        detail = f'Traceback (most recent call last):\n  File "/srv/engine.py"\nKeyError: api_key={LEAKED_SECRET}'
+        return web.json_response(
+            {"error": {"message": detail, "type": "InternalServerError", "param": None, "code": 500}},
+            status=500,
+            headers={"set-cookie": "session=abc", "access-control-allow-origin": "*", "x-engine-internal": "node-7"},
+        )
     if mode == "fake:error":
-        return web.json_response({"error": {"message": "bad sampling parameter", "type": "BadRequestError",
-                                            "param": "temperature", "code": 400}}, status=400)
+        return web.json_response(
+            {
+                "error": {
+                    "message": "bad sampling parameter",
+                    "type": "BadRequestError",
+                    "param": "temperature",
+                    "code": 400,
+                }
+            },
+            status=400,
+        )
     if mode == "fake:read-and-close":
-        request.transport.close()
+        _socket(request).close()
         await asyncio.sleep(0.1)
         return web.Response()
-    answer = json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": "t0t1"}],
-                         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+    answer = json.dumps(
+        {
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "t0t1"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+    ).encode()
     raw = {
-        "fake:interim": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
-                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(answer), answer)),
+        "fake:interim": (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(answer), answer)
+        ),
         "fake:close-delimited": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + answer,
-        "fake:trailers": (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
-                          b"trailer: x-smuggled\r\nconnection: close\r\n\r\n%x\r\n%s\r\n0\r\n"
-                          b"x-smuggled: 1\r\nset-cookie: evil=1\r\n\r\n" % (len(answer), answer)),
-        "fake:big-head": (b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(500))
-                          + b"content-length: 2\r\n\r\n{}"),
-        "fake:cut-body": (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                          % (len(answer) * 2, answer)),
+        "fake:trailers": (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+            b"trailer: x-smuggled\r\nconnection: close\r\n\r\n%x\r\n%s\r\n0\r\n"
+            b"x-smuggled: 1\r\nset-cookie: evil=1\r\n\r\n" % (len(answer), answer)
+        ),
+        "fake:big-head": (
+            b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(500)) + b"content-length: 2\r\n\r\n{}"
+        ),
+        "fake:cut-body": (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(answer) * 2, answer)
+        ),
     }
     if mode in raw:
         _raw(request, raw[mode])
@@ -217,15 +310,19 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         STATS["completed"] += 1
         return resp
     if mode == "fake:garbage":
-        request.transport.write(b"\x00\x01 this is not HTTP\r\n\r\n")
-        request.transport.close()
+        _raw(request, b"\x00\x01 this is not HTTP\r\n\r\n")
         await asyncio.sleep(0.1)
         return web.Response()
     if not body.get("stream"):
         text = "".join(f"t{i}" for i in range(n))
         STATS["completed"] += 1
-        return web.json_response({"object": "text_completion", "choices": [{"index": 0, "text": text}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}})
+        return web.json_response(
+            {
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": text}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3},
+            }
+        )
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     delay = 0.3 if mode == "fake:slow" else float(STATE["token_delay_s"])
@@ -237,7 +334,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             n = 0
         for i in range(n):
             if mode == "fake:die" and i == 3:
-                request.transport.close()  # the engine vanishes mid-stream
+                _socket(request).close()  # the engine vanishes mid-stream
                 return resp
             await resp.write(_chunk(i, chat, FAT_TOKEN_BYTES if mode == "fake:fat-tokens" else 0))
             if delay:

@@ -13,8 +13,9 @@ class ClosedLoop:
     """Every status is recorded (429s included). A client that gets a 429 waits `pause_after_429_s`
     before its next request, as a client honouring a refusal a little would."""
 
-    def __init__(self, url: str, clients: int, body: dict[str, Any], *, timeout_s: float = 30.0,
-                 pause_after_429_s: float = 0.0) -> None:
+    def __init__(
+        self, url: str, clients: int, body: dict[str, Any], *, timeout_s: float = 30.0, pause_after_429_s: float = 0.0
+    ) -> None:
         self.url, self.body, self.timeout_s, self.pause_after_429_s = url, body, timeout_s, pause_after_429_s
         self.stop = threading.Event()
         self.statuses: list[int] = []

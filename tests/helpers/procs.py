@@ -52,14 +52,22 @@ def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = No
         return exc.code, exc.read()
 
 
-def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float,
-             headers: dict[str, str] | None = None, want: int = 200) -> dict | None:
+def wait_for(
+    url: str,
+    proc: subprocess.Popen,
+    log_path: Path,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    want: int = 200,
+) -> dict | None:
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n"
-                               f"{log_path.read_text(errors='replace')[-4000:]}")
+            raise RuntimeError(
+                f"process exited with {proc.returncode} before {url} answered:\n"
+                f"{log_path.read_text(errors='replace')[-4000:]}"
+            )
         try:
             status, body = http_get(url, timeout=5, headers=headers)
             last = (status, body[:300])
@@ -71,14 +79,16 @@ def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float,
         except OSError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"{url} not {want} after {timeout_s} s (last {last}):\n"
-                       f"{log_path.read_text(errors='replace')[-4000:]}")
+    raise TimeoutError(
+        f"{url} not {want} after {timeout_s} s (last {last}):\n{log_path.read_text(errors='replace')[-4000:]}"
+    )
 
 
 def spawn(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True
+        )
 
 
 def signal_session(leader: int, sig: int) -> None:
@@ -105,38 +115,66 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 4
 
 
 @contextlib.contextmanager
-def engine(model_dir: Path, log_dir: Path, dtype: str = "bfloat16", api_key: str | None = "engine-test-key",
-           extra_env: dict[str, str] | None = None, timeout_s: float = 420.0,
-           port: int | None = None) -> Iterator[Server]:
+def engine(
+    model_dir: Path,
+    log_dir: Path,
+    dtype: str = "bfloat16",
+    api_key: str | None = "engine-test-key",
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float = 420.0,
+    port: int | None = None,
+) -> Iterator[Server]:
     """The real vLLM CPU engine through the project's launcher, on `port` (default: a free one)."""
     port = port or free_port()
-    env = {"PALMYRA_MODEL": str(model_dir), "PALMYRA_MODEL_SOURCE": "local", "PALMYRA_DTYPE": dtype,
-           "PALMYRA_MAX_MODEL_LEN": "2048", "PALMYRA_CPU_KVCACHE_GIB": "2", **(extra_env or {})}
+    env = {
+        "PALMYRA_MODEL": str(model_dir),
+        "PALMYRA_MODEL_SOURCE": "local",
+        "PALMYRA_DTYPE": dtype,
+        "PALMYRA_MAX_MODEL_LEN": "2048",
+        "PALMYRA_CPU_KVCACHE_GIB": "2",
+        **(extra_env or {}),
+    }
     if api_key:
         env["PALMYRA_ENGINE_API_KEY"] = api_key
     log_path = log_dir / f"engine-{port}.log"
     proc = spawn([PALMYRA, "engine", "--host", "127.0.0.1", "--port", str(port)], log_path, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(f"{url}/v1/models", proc, log_path, timeout_s,
-                 headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        wait_for(
+            f"{url}/v1/models",
+            proc,
+            log_path,
+            timeout_s,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+        )
         yield Server(url=url, proc=proc, log_path=log_path, api_key=api_key, port=port, env=env)
     finally:
         stop(proc)
 
 
 @contextlib.contextmanager
-def sidecar(engine_url: str, log_dir: Path, engine_api_key: str | None = None,
-            extra_env: dict[str, str] | None = None, wait_ready: bool = True,
-            timeout_s: float = 300.0) -> Iterator[Server]:
+def sidecar(
+    engine_url: str,
+    log_dir: Path,
+    engine_api_key: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+    timeout_s: float = 300.0,
+) -> Iterator[Server]:
     """The real sidecar process (uvicorn, real socket) in front of engine_url."""
     port = free_port()
     # No load balancer follows this sidecar's /ready, so no propagation delay unless a test asks.
     # Auth fails closed: a test sidecar serves without keys only because it says so here; tests
     # that pass PALMYRA_API_KEYS get them enforced (configured keys win over the switch).
-    env = {"PALMYRA_ENGINE_URL": engine_url, "PALMYRA_PORT": str(port), "PALMYRA_HOST": "127.0.0.1",
-           "PALMYRA_DRAIN_PROPAGATION_S": "0", "PALMYRA_AUTH_DISABLED": "true",
-           **({"PALMYRA_ENGINE_API_KEY": engine_api_key} if engine_api_key else {}), **(extra_env or {})}
+    env = {
+        "PALMYRA_ENGINE_URL": engine_url,
+        "PALMYRA_PORT": str(port),
+        "PALMYRA_HOST": "127.0.0.1",
+        "PALMYRA_DRAIN_PROPAGATION_S": "0",
+        "PALMYRA_AUTH_DISABLED": "true",
+        **({"PALMYRA_ENGINE_API_KEY": engine_api_key} if engine_api_key else {}),
+        **(extra_env or {}),
+    }
     log_path = log_dir / f"sidecar-{port}.log"
     proc = spawn([PALMYRA, "sidecar"], log_path, env)
     url = f"http://127.0.0.1:{port}"
@@ -153,8 +191,9 @@ FAKE_ENGINE = str(Path(__file__).resolve().parent / "fake_engine.py")
 
 
 @contextlib.contextmanager
-def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None,
-                generate_delay: float = 0.0) -> Iterator[Server]:
+def fake_engine(
+    log_dir: Path, start_delay: float = 0.0, port: int | None = None, generate_delay: float = 0.0
+) -> Iterator[Server]:
     port = port or free_port()
     log_path = log_dir / f"fake-{port}.log"
     argv = [sys.executable, FAKE_ENGINE, str(port)] + (["--start-delay", str(start_delay)] if start_delay else [])
@@ -172,6 +211,7 @@ def fake_engine(log_dir: Path, start_delay: float = 0.0, port: int | None = None
 @dataclass
 class Up:
     """A running `palmyra-serve up`: its console log, its ports, the processes it started."""
+
     proc: subprocess.Popen
     port: int
     engine_port: int
@@ -209,11 +249,24 @@ def up(model_dir: Path, log_dir: Path, name: str = "up", timeout_s: float = 420.
     port, engine_port = free_port(), free_port()
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([PALMYRA, "up", "--port", str(port), "--engine-port", str(engine_port),
-                                 "--model", str(model_dir), "--max-model-len", "2048"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1",
-                                     "PALMYRA_UP_LOG_DIR": str(log_dir / f"{name}-logs")})
+        proc = subprocess.Popen(
+            [
+                PALMYRA,
+                "up",
+                "--port",
+                str(port),
+                "--engine-port",
+                str(engine_port),
+                "--model",
+                str(model_dir),
+                "--max-model-len",
+                "2048",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PALMYRA_CPU_KVCACHE_GIB": "1", "PALMYRA_UP_LOG_DIR": str(log_dir / f"{name}-logs")},
+        )
     u = Up(proc=proc, port=port, engine_port=engine_port, log_path=log_path, logs=log_dir / f"{name}-logs")
     sessions: set[int] = set()
     try:

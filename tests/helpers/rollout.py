@@ -20,7 +20,8 @@ HAProxy routes to it, SIGTERM one old replica, wait for it to exit, repeat. A st
 runs throughout; every request is counted as ok, failed (not 200, or no response) or cut (200 but
 the SSE stream ended without `[DONE]`).
 
-Run it by hand for a table:  python tests/helpers/rollout.py --propagation 5 0 --runs 3
+Run it by hand for a table, from the repository root:
+    python -m tests.helpers.rollout --propagation 5 0 --runs 3
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -39,19 +41,22 @@ from pathlib import Path
 
 import httpx
 
-if __package__ in (None, ""):  # run as a script: make `helpers` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from helpers import procs
-from helpers.waiting import wait_until
+from tests.helpers import procs
+from tests.helpers.waiting import wait_until
 
 PARKED_PORT = 1  # nothing listens there: a parked slot fails its checks and gets no traffic
 # Short sidecar intervals so a replica is ready in seconds (the fake engine answers at once).
-SIDECAR_ENV = {"PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2", "PALMYRA_CANARY_INTERVAL_S": "1",
-               "PALMYRA_CANARY_TIMEOUT_S": "2", "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
-               "PALMYRA_CONNECT_TIMEOUT_S": "1", "PALMYRA_READ_TIMEOUT_S": "10",
-               "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "5", "PALMYRA_DRAIN_TIMEOUT_S": "15",
-               "PALMYRA_LOG_LEVEL": "info"}
+SIDECAR_ENV = {
+    "PALMYRA_HEALTH_POLL_INTERVAL_S": "0.2",
+    "PALMYRA_CANARY_INTERVAL_S": "1",
+    "PALMYRA_CANARY_TIMEOUT_S": "2",
+    "PALMYRA_WARMUP_MAX_BACKOFF_S": "1",
+    "PALMYRA_CONNECT_TIMEOUT_S": "1",
+    "PALMYRA_READ_TIMEOUT_S": "10",
+    "PALMYRA_WARMUP_REQUEST_TIMEOUT_S": "5",
+    "PALMYRA_DRAIN_TIMEOUT_S": "15",
+    "PALMYRA_LOG_LEVEL": "info",
+}
 STREAM = {"model": "palmyra-mini", "prompt": "fake:slow", "stream": True}  # one token every 0.3 s
 
 
@@ -67,7 +72,7 @@ class HAProxy:
         self.socket_path = workdir / "haproxy.sock"
         self.config_path = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     def config(self) -> str:
         servers = "\n".join(f"    server {name} 127.0.0.1:{PARKED_PORT} check" for name in self.slots)
@@ -108,8 +113,7 @@ backend replicas
         wait_until(self.socket_path.exists, 10, "the HAProxy admin socket")
         for name in self.slots:  # a freshly started HAProxy counts unchecked servers as UP
             self.command(f"set server replicas/{name} health down")
-        wait_until(lambda: all(s["status"].startswith("DOWN") for s in self.servers().values()), 10,
-                   "all slots down")
+        wait_until(lambda: all(s["status"].startswith("DOWN") for s in self.servers().values()), 10, "all slots down")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -127,7 +131,7 @@ backend replicas
         """The backend's servers as HAProxy sees them: status (UP, DOWN, ...), stot (requests sent)."""
         lines = [ln for ln in self.command("show stat -1 4 -1").splitlines() if ln.strip()]
         header = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(header, ln.split(","))) for ln in lines[1:]]
+        rows = [dict(zip(header, ln.split(","), strict=True)) for ln in lines[1:]]
         return {r["svname"]: r for r in rows if r["pxname"] == "replicas"}
 
     def attach(self, slot: str, port: int) -> None:
@@ -173,8 +177,9 @@ class StreamingLoad:
         # Staggered starts spread the clients over one request's duration: a steady arrival rate,
         # not bursts of `clients` requests at once that could all fall outside a short window.
         cycle = max_tokens * 0.3 + pause_s
-        self._threads = [threading.Thread(target=self._client, args=(i * cycle / clients,), daemon=True)
-                         for i in range(clients)]
+        self._threads = [
+            threading.Thread(target=self._client, args=(i * cycle / clients,), daemon=True) for i in range(clients)
+        ]
 
     def start(self) -> None:
         for t in self._threads:
@@ -244,25 +249,37 @@ class Report:
 
     def served_after_sigterm(self) -> int:
         """Requests the old replicas accepted after their SIGTERM (the propagation window at work)."""
-        return sum(1 for rep in self.replacements for r in self.tally.results
-                   if r.served_by == rep.old and r.started >= rep.sigterm_at and r.outcome == "ok")
+        return sum(
+            1
+            for rep in self.replacements
+            for r in self.tally.results
+            if r.served_by == rep.old and r.started >= rep.sigterm_at and r.outcome == "ok"
+        )
 
     def row(self) -> str:
         t = self.tally
-        downs = "/".join(f"{r.lb_down_after_s:.1f}" if r.lb_down_after_s is not None else "-"
-                         for r in self.replacements)
+        downs = "/".join(
+            f"{r.lb_down_after_s:.1f}" if r.lb_down_after_s is not None else "-" for r in self.replacements
+        )
         exits = "/".join(f"{r.exit_after_s:.1f}" for r in self.replacements)
-        return (f"| {self.propagation_s:g} s | {t.sent} | {t.count('failed')} | {t.count('cut')} | "
-                f"{self.served_after_sigterm()} | {downs} | {exits} | {self.seconds:.0f} s |")
+        return (
+            f"| {self.propagation_s:g} s | {t.sent} | {t.count('failed')} | {t.count('cut')} | "
+            f"{self.served_after_sigterm()} | {downs} | {exits} | {self.seconds:.0f} s |"
+        )
 
     def failures(self) -> list[str]:
         t0 = min((r.started for r in self.tally.results), default=0.0)
-        return [f"{r.started - t0:6.2f} s {r.served_by} {r.outcome}: {r.detail}"
-                for r in self.tally.results if r.outcome != "ok"]
+        return [
+            f"{r.started - t0:6.2f} s {r.served_by} {r.outcome}: {r.detail}"
+            for r in self.tally.results
+            if r.outcome != "ok"
+        ]
 
 
-HEADER = ("| propagation | requests sent | failed | cut streams | served by old replicas after SIGTERM | "
-          "SIGTERM to LB down (s) | SIGTERM to exit (s) | run |\n|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| propagation | requests sent | failed | cut streams | served by old replicas after SIGTERM | "
+    "SIGTERM to LB down (s) | SIGTERM to exit (s) | run |\n|---|---|---|---|---|---|---|---|"
+)
 
 
 class Fleet:
@@ -301,8 +318,11 @@ class Fleet:
         return replica
 
     def wait_served(self, replica: Replica, timeout_s: float = 15) -> None:
-        wait_until(lambda: int(self.lb.servers()[replica.slot]["stot"]) > replica.sent_before, timeout_s,
-                   f"HAProxy sending requests to {replica.slot}")
+        wait_until(
+            lambda: int(self.lb.servers()[replica.slot]["stot"]) > replica.sent_before,
+            timeout_s,
+            f"HAProxy sending requests to {replica.slot}",
+        )
 
     def terminate(self, replica: Replica, new: str, timeout_s: float = 40) -> Replacement:
         """What the kubelet does to the pod being replaced: SIGTERM, and wait for the exit. Then
@@ -322,13 +342,15 @@ class Fleet:
                 break
             time.sleep(0.05)
         if exited_at is None:
-            raise AssertionError(f"replica {replica.slot} still running {timeout_s} s after SIGTERM:\n"
-                                 f"{replica.sidecar.log()[-3000:]}")
+            raise AssertionError(
+                f"replica {replica.slot} still running {timeout_s} s after SIGTERM:\n{replica.sidecar.log()[-3000:]}"
+            )
         self.lb.detach(replica.slot)
         replica.stack.close()
         self.replicas.remove(replica)
-        return Replacement(replica.slot, new, t0, None if down_at is None else down_at - t0,
-                           exited_at - t0, proc.returncode)
+        return Replacement(
+            replica.slot, new, t0, None if down_at is None else down_at - t0, exited_at - t0, proc.returncode
+        )
 
     def close(self) -> None:
         # The count is over: no drain to wait for (each would sit out its propagation delay).
@@ -340,8 +362,15 @@ class Fleet:
         self.replicas.clear()
 
 
-def simulate(workdir: Path, propagation_s: float, replicas: int = 2, clients: int = 8, max_tokens: int = 8,
-             inter_s: float = 1.0, fall: int = 3) -> Report:
+def simulate(
+    workdir: Path,
+    propagation_s: float,
+    replicas: int = 2,
+    clients: int = 8,
+    max_tokens: int = 8,
+    inter_s: float = 1.0,
+    fall: int = 3,
+) -> Report:
     """Start `replicas` replicas behind HAProxy, put a steady streaming load on them, replace every
     one of them one at a time (maxSurge 1, maxUnavailable 0), stop the load, count."""
     t_start = time.monotonic()
@@ -375,8 +404,13 @@ def main() -> None:
     import tempfile
 
     parser = argparse.ArgumentParser(description="Rolling-update simulation behind HAProxy; prints a table.")
-    parser.add_argument("--propagation", type=float, nargs="+", default=[5.0, 0.0],
-                        help="PALMYRA_DRAIN_PROPAGATION_S values to simulate")
+    parser.add_argument(
+        "--propagation",
+        type=float,
+        nargs="+",
+        default=[5.0, 0.0],
+        help="PALMYRA_DRAIN_PROPAGATION_S values to simulate",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--failures", action="store_true", help="list every failed or cut request")

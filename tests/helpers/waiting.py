@@ -13,8 +13,9 @@ T = TypeVar("T")
 NOT_YET: tuple[type[BaseException], ...] = (httpx.TransportError, ConnectionError)
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
-    """Call predicate until it returns something truthy; return that, or fail after timeout_s."""
+def wait_until(predicate: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
+    """Call predicate until it returns something truthy; return that, or fail after timeout_s.
+    A predicate that answers None for "not yet" returns what it found, never None."""
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:

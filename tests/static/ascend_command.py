@@ -75,6 +75,12 @@ def host_command(platform: str = "ascend", **settings: str) -> tuple[dict[str, s
     """The line the launcher prints here for `platform`, with DEPLOYED_ENV and `settings` set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PALMYRA_")}
     env.update({"PYTHONPATH": str(REPO / "service"), **DEPLOYED_ENV, "PALMYRA_PLATFORM": platform, **settings})
-    run = subprocess.run([sys.executable, "-m", "palmyra_serve.cli", *print_argv()[1:]],
-                         capture_output=True, text=True, env=env, timeout=60, check=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "palmyra_serve.cli", *print_argv()[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     return split(run.stdout)

@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from helpers.models import TEST_CACHE as CACHE
+from tests.helpers.models import TEST_CACHE as CACHE
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = json.loads((Path(__file__).with_name("ascend_upstream_v0.18.0.json")).read_text())
@@ -193,7 +193,9 @@ def _versions(name: str) -> list[Version]:
 
 def _specifiers_disjoint(name: str, a: Requirement, b: Requirement) -> bool:
     versions = _versions(name)
-    return not any(a.specifier.contains(v, prereleases=False) and b.specifier.contains(v, prereleases=False) for v in versions)
+    return not any(
+        a.specifier.contains(v, prereleases=False) and b.specifier.contains(v, prereleases=False) for v in versions
+    )
 
 
 @cache
@@ -210,8 +212,10 @@ def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...], tuple[tup
     vllm = sdist_root("vllm", vllm_version)
     ascend = sdist_root("vllm-ascend", ascend_version)
     built = (("vllm", pkg_info(vllm)["Version"][0]), ("vllm-ascend", pkg_info(ascend)["Version"][0]))
-    notes = [f"vllm {built[0][1]}, vllm-ascend {built[1][1]}: built from their source distributions, as upstream "
-             "builds its git tags; their requirement lists are what is resolved"]
+    notes = [
+        f"vllm {built[0][1]}, vllm-ascend {built[1][1]}: built from their source distributions, as upstream "
+        "builds its git tags; their requirement lists are what is resolved"
+    ]
     vllm_reqs = read_requirements(vllm / "requirements" / "common.txt") + setup_py_extra(vllm, "audio")
     ascend_reqs = read_requirements(ascend / "requirements.txt")
     by_name = {canonicalize_name(Requirement(r).name): Requirement(r) for r in ascend_reqs}
@@ -235,7 +239,10 @@ def upstream_requirements() -> tuple[tuple[str, ...], tuple[str, ...], tuple[tup
             meta = pkg_info(sdist_root(req.name, pinned[0]))
             assert "Requires-Dist" not in meta.get("Dynamic", []), f"{req}: dependencies computed at build time"
             base = [r for r in meta.get("Requires-Dist", []) if "extra ==" not in r]
-            notes.append(f"{req}: source distribution only on the index; its static metadata declares {base or 'no dependencies'}")
+            notes.append(
+                f"{req}: source distribution only on the index; "
+                f"its static metadata declares {base or 'no dependencies'}"
+            )
             resolved_ascend += base
             continue
         resolved_ascend.append(line)
@@ -254,19 +261,42 @@ def _torch_cpu_index() -> str | None:
     match = re.search(r"^ARG TORCH_CPU_INDEX_URL=(\S+)", text, re.MULTILINE)
     if not match:
         return None
-    probe = subprocess.run([sys.executable, str(REPO / "docker" / "index-reachable.py"), match.group(1)],
-                           capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        [sys.executable, str(REPO / "docker" / "index-reachable.py"), match.group(1)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return match.group(1) if probe.returncode == 0 else None
 
 
-def compile_set(arch: str, requirements: list[str], constraints: list[str] | None = None,
-                overrides: list[str] | None = None, extra_index: str | None = None) -> dict[str, str]:
+def compile_set(
+    arch: str,
+    requirements: list[str],
+    constraints: list[str] | None = None,
+    overrides: list[str] | None = None,
+    extra_index: str | None = None,
+) -> dict[str, str]:
     work = CACHE / "uv-work" / arch
     work.mkdir(parents=True, exist_ok=True)
     (work / "requirements.txt").write_text("\n".join(requirements) + "\n")
-    cmd = [uv(), "pip", "compile", str(work / "requirements.txt"), "--python-platform", PLATFORM[arch],
-           "--python-version", PYTHON, "--only-binary", ":all:", "--no-header", "--no-annotate", "--quiet",
-           "--default-index", index_url()]
+    cmd = [
+        uv(),
+        "pip",
+        "compile",
+        str(work / "requirements.txt"),
+        "--python-platform",
+        PLATFORM[arch],
+        "--python-version",
+        PYTHON,
+        "--only-binary",
+        ":all:",
+        "--no-header",
+        "--no-annotate",
+        "--quiet",
+        "--default-index",
+        index_url(),
+    ]
     for flag, lines, name in (("-c", constraints, "constraints.txt"), ("--override", overrides, "overrides.txt")):
         if lines:
             (work / name).write_text("\n".join(lines) + "\n")
@@ -281,7 +311,7 @@ def compile_set(arch: str, requirements: list[str], constraints: list[str] | Non
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     if run.returncode != 0:
         raise ResolutionFailed(f"uv pip compile for {arch} failed:\n{run.stderr[-4000:]}")
-    out = {}
+    out: dict[str, str] = {}
     for line in run.stdout.splitlines():
         name, sep, version = line.strip().partition("==")
         if sep:
@@ -295,8 +325,8 @@ class ResolutionFailed(AssertionError):
 
 @cache
 def upstream_set(arch: str) -> Resolution:
-    requirements, notes, built = upstream_requirements()
-    notes = list(notes)
+    requirements, upstream_notes, built = upstream_requirements()
+    notes = list(upstream_notes)
     torch_pin = next(r for r in requirements if canonicalize_name(Requirement(r).name) == "torch")
     overrides = None
     extra = _torch_cpu_index() if arch == "x86_64" else None
@@ -305,15 +335,23 @@ def upstream_set(arch: str) -> Resolution:
         # (upstream passes it with --extra-index). Unreachable here: resolve the same release's
         # index build instead, and say so: its nvidia-* and triton requirements are not upstream's.
         overrides = [torch_pin]
-        notes.append(f"x86_64: torch-npu pins a +cpu torch from PyTorch's CPU index, unreachable here; resolved with "
-                     f"the override {torch_pin} (the index's build of that release; its nvidia-*/triton are not in upstream's image)")
+        notes.append(
+            f"x86_64: torch-npu pins a +cpu torch from PyTorch's CPU index, unreachable here; resolved with "
+            f"the override {torch_pin} "
+            "(the index's build of that release; its nvidia-*/triton are not in upstream's image)"
+        )
     versions = compile_set(arch, list(requirements), overrides=overrides, extra_index=extra)
-    notes.append(f"{arch}: resolved without Huawei's Ascend pip repository, which upstream's vllm-ascend step adds as an "
-                 "extra index (see recipe._resolution_here in the facts)")
+    notes.append(
+        f"{arch}: resolved without Huawei's Ascend pip repository, which upstream's vllm-ascend step adds as an "
+        "extra index (see recipe._resolution_here in the facts)"
+    )
     from_source = dict(built)
     wheels = [f for f in files_of("vllm-ascend", from_source["vllm-ascend"]) if f.endswith(".whl")]
     has = any("cp311-cp311-" in f and f.endswith(f"_{arch}.whl") for f in wheels)
-    notes.append(f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; upstream's image builds it from source anyway")
+    notes.append(
+        f"{arch}: the index {'has' if has else 'has no'} a cp311 vllm-ascend wheel; "
+        "upstream's image builds it from source anyway"
+    )
     return Resolution(arch, versions, notes, list(requirements), from_source)
 
 

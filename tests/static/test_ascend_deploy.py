@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ascend_command import image_env
-from test_k8s import ASCEND, container, pod_spec, render
+
+from tests.static.ascend_command import image_env
+from tests.static.test_k8s import ASCEND, container, pod_spec, render
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "ascend-deploy"
@@ -53,7 +54,7 @@ def hami_vnpus() -> list[dict[str, Any]]:
     start = next(i for i, line in enumerate(lines) if line.strip() == "vnpus:")
     indent = len(lines[start]) - len(lines[start].lstrip())
     block = [lines[start]]
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.strip() and len(line) - len(line.lstrip()) <= indent:
             break
         block.append(line)
@@ -66,8 +67,8 @@ def hami_vnpus() -> list[dict[str, Any]]:
 def upstream_docker_run() -> tuple[list[str], list[str]]:
     """--device and -v host paths of vllm-ascend's quick-start `docker run` (the Ubuntu tab)."""
     text = (DATA / "vllm-ascend-v0.18.0-quick_start.md").read_text(encoding="utf-8")
-    run = text[text.index("docker run"):]
-    run = run[:run.index("```")]
+    run = text[text.index("docker run") :]
+    run = run[: run.index("```")]
     words = shlex.split(run.replace("\\\n", " "))
     devices = [words[i + 1] for i, w in enumerate(words) if w == "--device"]
     mounts = [words[i + 1].split(":")[0] for i, w in enumerate(words) if w == "-v"]
@@ -166,8 +167,11 @@ def test_mindcluster_resource_and_node_label_are_the_device_plugins():
 
 
 def test_mindcluster_volcano_overlay_adds_only_what_volcano_mode_needs():
-    plugin_args = " ".join(upstream_daemonset("mindcluster-v7.3.0-ascendplugin-volcano.yaml")
-                           ["spec"]["template"]["spec"]["containers"][0]["args"])
+    plugin_args = " ".join(
+        upstream_daemonset("mindcluster-v7.3.0-ascendplugin-volcano.yaml")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+    )
     assert "-volcanoType=true" in plugin_args
     plain = render("ascend-mindcluster")
     volcano = render("ascend-mindcluster-volcano")
@@ -202,7 +206,9 @@ def test_cce_overlay_mounts_no_more_of_the_host_than_vllm_ascends_cce_manifest()
 
 
 def _quantity_gib(text: str) -> float:
-    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", text).groups()
+    quantity = re.fullmatch(r"(\d+)(Mi|Gi)", text)
+    assert quantity, f"not a Mi/Gi quantity: {text}"
+    number, unit = quantity.groups()
     return int(number) / (1024 if unit == "Mi" else 1)
 
 
@@ -254,10 +260,22 @@ def compose_config(**env: str) -> dict[str, Any]:
     `--dry-run` only skips podman-compose's `podman --version` probe: the static tier has no podman."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "HWHIAIUSER_", "COMPOSE_"))}
     result = subprocess.run(
-        [str(BIN / "podman-compose"), "--dry-run", "--env-file", "compose/ascend.env", "-f", "docker-compose.yml", "config"],
+        [
+            str(BIN / "podman-compose"),
+            "--dry-run",
+            "--env-file",
+            "compose/ascend.env",
+            "-f",
+            "docker-compose.yml",
+            "config",
+        ],
         # Compose requires the engine key and compose/ascend.env ships none (the shell gives it).
-        cwd=REPO, env={**environ, "PALMYRA_ENGINE_API_KEY": "static-test-engine-key", **env},
-        capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO,
+        env={**environ, "PALMYRA_ENGINE_API_KEY": "static-test-engine-key", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)["services"]
@@ -310,7 +328,10 @@ def env_disagreements(env: dict[str, Any], image: dict[str, str]) -> list[str]:
 
 def ascend_engine_envs(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The literal environment of every container that runs the engine-ascend image."""
-    envs = {"compose engine": rendered["engine"]["environment"], "compose model-init": rendered["model-init"]["environment"]}
+    envs = {
+        "compose engine": rendered["engine"]["environment"],
+        "compose model-init": rendered["model-init"]["environment"],
+    }
     for overlay in ASCEND:
         spec = pod_spec(render(overlay))
         for c in [*spec.get("initContainers", []), *spec["containers"]]:
@@ -344,8 +365,10 @@ def test_docs_give_the_images_home_and_cann_log_path():
 
 
 def test_compose_a3_image_is_one_setting_away():
-    assert compose_config(PALMYRA_ENGINE_ASCEND_IMAGE="palmyra-serve-engine:ascend-a3")["engine"]["image"] \
+    assert (
+        compose_config(PALMYRA_ENGINE_ASCEND_IMAGE="palmyra-serve-engine:ascend-a3")["engine"]["image"]
         == "palmyra-serve-engine:ascend-a3"
+    )
 
 
 def exporter_problems(service: dict[str, Any]) -> list[str]:
@@ -366,7 +389,9 @@ def exporter_problems(service: dict[str, Any]) -> list[str]:
         problems.append("root filesystem not read-only like upstream")
     targets = {v.split(":")[1]: v for v in service.get("volumes", [])}
     for mount in upstream["volumeMounts"]:
-        if mount["name"] in ("ascend-driver", "ascend-dcmi") and not targets.get(mount["mountPath"], "").endswith(":ro"):
+        if mount["name"] in ("ascend-driver", "ascend-dcmi") and not targets.get(mount["mountPath"], "").endswith(
+            ":ro"
+        ):
             problems.append(f"{mount['mountPath']} not mounted read-only")
     ours = " ".join(service.get("command", []))
     upstream_flags = {f.split("=")[0] for f in " ".join(upstream["args"]).split() if f.startswith("-")}

@@ -25,14 +25,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ascend_command as cmd
-import ascend_upstream as up
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+
+from tests.static import ascend_command as cmd
+from tests.static import ascend_upstream as up
 
 pytestmark = pytest.mark.static
 
@@ -42,8 +43,20 @@ EXPECTED = FACTS["expected"]
 
 
 def report(res: up.Resolution) -> str:
-    keys = ("torch", "torch-npu", "triton-ascend", "torchvision", "torchaudio", "fastapi", "pydantic", "transformers",
-            "numpy", "opencv-python-headless", "modelscope", "ray")
+    keys = (
+        "torch",
+        "torch-npu",
+        "triton-ascend",
+        "torchvision",
+        "torchaudio",
+        "fastapi",
+        "pydantic",
+        "transformers",
+        "numpy",
+        "opencv-python-headless",
+        "modelscope",
+        "ray",
+    )
     built = [f"{k} {v} (source)" for k, v in res.from_source.items()]
     return f"{res.arch}: " + ", ".join([*built, *(f"{k} {res.versions.get(k)}" for k in keys)])
 
@@ -67,8 +80,10 @@ def test_dockerfile_builds_from_the_release_image_and_names_the_a3_variant() -> 
 def test_sdists_are_the_tagged_sources_upstream_builds() -> None:
     # vllm-ascend's Dockerfile installs its git tag; the index's sdist must carry the same pins.
     ascend = up.sdist_root("vllm-ascend", FACTS["recipe"]["vllm_ascend"]["version"])
-    reqs = {canonicalize_name(Requirement(r).name): str(Requirement(r).specifier)
-            for r in up.read_requirements(ascend / "requirements.txt")}
+    reqs: dict[str, str] = {
+        canonicalize_name(Requirement(r).name): str(Requirement(r).specifier)
+        for r in up.read_requirements(ascend / "requirements.txt")
+    }
     assert reqs["torch"] == f"=={EXPECTED['torch']}"
     assert reqs["torch-npu"] == f"=={EXPECTED['torch-npu']}"
     assert reqs["triton-ascend"] == f"=={EXPECTED['triton-ascend']}"
@@ -120,13 +135,15 @@ def test_wheels_from_outside_the_index_are_named_and_checked() -> None:
             assert any("cp311-cp311-" in f and arch in f for f in up.files_of(name, wheel["replaces_pin"])), (
                 f"no cp311 {arch} wheel of {name} {wheel['replaces_pin']} on the index"
             )
-        print(f"outside the index: {name} {wheel['version']} ({', '.join(wheel['files'].values())}) from {wheel['from']}")
+        print(
+            f"outside the index: {name} {wheel['version']} ({', '.join(wheel['files'].values())}) from {wheel['from']}"
+        )
 
 
 def _manylinux_ok(tag: Tag, arch: str) -> bool:
     m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
     glibc = tuple(int(x) for x in FACTS["image"]["glibc"].split("."))
-    return bool(m) and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
+    return m is not None and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
 
 
 @pytest.mark.parametrize("arch", up.ARCHES)
@@ -147,7 +164,9 @@ def test_project_additions_move_no_upstream_pin(arch: str) -> None:
     new = sorted(set(with_adds) - set(base.versions))
     declared = {canonicalize_name(Requirement(a).name) for a in adds}
     assert set(new) <= declared, f"undeclared packages would come in: {sorted(set(new) - declared)}"
-    print(f"{arch}: the image adds {', '.join(f'{n}=={with_adds[n]}' for n in new) or 'nothing'}; upstream's set unmoved")
+    print(
+        f"{arch}: the image adds {', '.join(f'{n}=={with_adds[n]}' for n in new) or 'nothing'}; upstream's set unmoved"
+    )
 
 
 # The launcher's path in the engine image: `palmyra-serve engine` / `fetch-model`. Every import in
@@ -174,8 +193,10 @@ def launcher_distributions() -> set[str]:
     from importlib.metadata import packages_distributions
 
     pkg = REPO / "service" / "palmyra_serve"
-    modules = set().union(*(_imports(pkg / m, True) for m in LAUNCHER_MODULES_ALL),
-                          *(_imports(pkg / m, False) for m in LAUNCHER_MODULES_TOP))
+    modules = set().union(
+        *(_imports(pkg / m, True) for m in LAUNCHER_MODULES_ALL),
+        *(_imports(pkg / m, False) for m in LAUNCHER_MODULES_TOP),
+    )
     modules -= set(sys.stdlib_module_names) | {"__future__", "palmyra_serve"}
     mapping = packages_distributions()
     return {canonicalize_name(mapping.get(m, [m])[0]) for m in modules}
@@ -189,7 +210,9 @@ def test_launcher_imports_only_what_the_image_has() -> None:
         base = up.upstream_set(arch).versions
         missing = sorted(n for n in needed if n not in base)
         declared = sorted(canonicalize_name(Requirement(a).name) for a in up.additions())
-        assert missing == declared, f"{arch}: the base lacks {missing}; engine-ascend-requirements.txt declares {declared}"
+        assert missing == declared, (
+            f"{arch}: the base lacks {missing}; engine-ascend-requirements.txt declares {declared}"
+        )
 
 
 # --- (b) vLLM 0.18.0's own parser accepts the printed command ------------------------------------
@@ -207,7 +230,10 @@ for key, argv in json.loads(sys.argv[1]).items():
     try:
         args = parser.parse_args(argv)
         cc = args.compilation_config
-        sizes = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else getattr(cc, "cudagraph_capture_sizes", None)
+        if isinstance(cc, dict):
+            sizes = cc.get("cudagraph_capture_sizes")
+        else:
+            sizes = getattr(cc, "cudagraph_capture_sizes", None)
         results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
                         "eager": args.enforce_eager, "capture_sizes": sizes}
     except SystemExit as exc:
@@ -261,8 +287,14 @@ def parsed(commands: dict[str, tuple[dict[str, str], list[str]]]) -> dict:
         assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], argv
         argvs[key] = argv[3:]
     env = {**os.environ, "PYTHONPATH": str(vllm_018_path()), "VLLM_TARGET_DEVICE": "cpu"}
-    run = subprocess.run([sys.executable, "-c", PARSE.replace("PARSER_MODULE", _parser_module()), json.dumps(argvs)],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", PARSE.replace("PARSER_MODULE", _parser_module()), json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     lines = [x for x in run.stdout.splitlines() if x.startswith("PARSED ")]
     assert run.returncode == 0 and lines, run.stderr[-3000:]
     result = json.loads(lines[0].removeprefix("PARSED "))
@@ -274,7 +306,11 @@ def parsed(commands: dict[str, tuple[dict[str, str], list[str]]]) -> dict:
 def _accepted(parsed: dict, key: str) -> dict:
     got = parsed["results"][key]
     assert got["ok"], f"vLLM 0.18.0 refused {key}:\n" + parsed["stderr"][-2000:]
-    assert {k: got[k] for k in ("model", "served", "len")} == {"model": "/models/palmyra-mini", "served": ["palmyra-mini"], "len": 8192}
+    assert {k: got[k] for k in ("model", "served", "len")} == {
+        "model": "/models/palmyra-mini",
+        "served": ["palmyra-mini"],
+        "len": 8192,
+    }
     return got
 
 
@@ -351,7 +387,9 @@ def base_name(name: str) -> str:
 def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:
     used = used_metric_lines()
     assert len(used) >= 10, "the collector found too few names to be looking in the right files"
-    assert any(line.startswith("service/") for lines in used.values() for line in lines), "the sidecar's names are collected"
+    assert any(line.startswith("service/") for lines in used.values() for line in lines), (
+        "the sidecar's names are collected"
+    )
     defined = {base_name(n) for n in defined_in(vllm_018_path())}
     assert "vllm:num_requests_waiting" in defined and "vllm:kv_cache_usage_perc" in defined
     missing = {}
@@ -359,8 +397,13 @@ def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:
         if base_name(name) in defined:
             continue
         # A name 0.18.0 lacks is acceptable only as a fallback next to one it has, in the same query.
-        bare = [line for line in lines if not any(base_name(other) in defined
-                                                  for other in re.findall(r"vllm:[a-zA-Z0-9_:]+", line) if other != name)]
+        bare = [
+            line
+            for line in lines
+            if not any(
+                base_name(other) in defined for other in re.findall(r"vllm:[a-zA-Z0-9_:]+", line) if other != name
+            )
+        ]
         if bare:
             missing[name] = bare[:3]
     assert not missing, "metrics used without a vLLM 0.18.0 name beside them:\n" + json.dumps(missing, indent=1)
@@ -380,9 +423,20 @@ def _cann_layout(root: Path, scripts: list[str]) -> Path:
 
 
 def _entrypoint(root: Path, *command: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {"PATH": os.environ["PATH"], "HOME": str(root), "PALMYRA_ASCEND_ROOT": str(root), "PALMYRA_CANN_ENV": "required"}
-    return subprocess.run(["bash", str(REPO / "docker" / "engine-entrypoint.sh"), *command], env={**base, **env},
-                          capture_output=True, text=True, timeout=30, check=False)
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(root),
+        "PALMYRA_ASCEND_ROOT": str(root),
+        "PALMYRA_CANN_ENV": "required",
+    }
+    return subprocess.run(
+        ["bash", str(REPO / "docker" / "engine-entrypoint.sh"), *command],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: Path) -> None:
@@ -404,7 +458,9 @@ def readme_text() -> str:
     return " ".join((REPO / "README.md").read_text().split())
 
 
-def test_readme_quotes_the_launchers_start_line(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_readme_quotes_the_launchers_start_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from palmyra_serve.engine import launcher
 
     monkeypatch.setattr(launcher, "supervise", lambda argv, env: 0)  # log the start line, run nothing
@@ -420,7 +476,11 @@ def test_entrypoint_refuses_to_start_when_a_cann_script_is_missing(tmp_path: Pat
     log = _cann_layout(tmp_path, scripts)
     (tmp_path / scripts[dropped].removeprefix("/usr/local/Ascend/")).unlink()
     run = _entrypoint(tmp_path, "true")
-    assert run.returncode == 1 and "missing" in run.stderr and scripts[dropped].removeprefix("/usr/local/Ascend/") in run.stderr
+    assert (
+        run.returncode == 1
+        and "missing" in run.stderr
+        and scripts[dropped].removeprefix("/usr/local/Ascend/") in run.stderr
+    )
     assert not log.exists(), "nothing may be sourced from an incomplete CANN"
 
 
@@ -431,7 +491,12 @@ def _fake_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = 
     # A distribution written straight into site-packages: a fault injected on purpose.
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir()
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
     (info / "METADATA").write_text("\n".join(lines) + "\n")
     (info / "RECORD").write_text("")
 
@@ -443,8 +508,14 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     env = tmp_path / "base"
     venv.EnvBuilder(with_pip=True).create(env)
     python = str(env / "bin" / "python")
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     script = str(REPO / "docker" / "check-base-unmoved.py")
     _fake_dist(site, "upstream-pinned", "1.0")
     reqs = tmp_path / "reqs.txt"
@@ -478,10 +549,17 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     shutil.rmtree(site / "declared_addition-2.0.dist-info")
     _fake_dist(site, "declared-addition", "2.0", requires=("not-installed-anywhere>=1",))
     broken = check("compare", "base.json", str(reqs))
-    assert broken.returncode == 1 and "new pip check problem" in broken.stderr and "not-installed-anywhere" in broken.stderr
+    assert (
+        broken.returncode == 1
+        and "new pip check problem" in broken.stderr
+        and "not-installed-anywhere" in broken.stderr
+    )
     # The project, installed --no-deps on purpose, may declare what the engine image lacks (the sidecar's stack).
     shutil.rmtree(site / "declared_addition-2.0.dist-info")
     _fake_dist(site, "declared-addition", "2.0")
     _fake_dist(site, "the-project", "0.1", requires=("sidecar-web-stack==9",))
     no_deps = check("compare", "base.json", str(reqs), "the-project")
-    assert no_deps.returncode == 0 and "installed --no-deps, not checked: the-project 0.1 requires sidecar-web-stack" in no_deps.stdout
+    assert (
+        no_deps.returncode == 0
+        and "installed --no-deps, not checked: the-project 0.1 requires sidecar-web-stack" in no_deps.stdout
+    )

@@ -11,17 +11,18 @@ import copy
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_k8s import K8S_VERSIONS, REPO, crd_validators, one, render  # noqa: F401  (crd_validators: fixture)
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from tests.static.test_k8s import K8S_VERSIONS, REPO, crd_validators, one, render  # noqa: F401  (crd_validators: fixture)
 
 KEDA = ("cpu", ("components/autoscaling-keda",))
 # A selector in PromQL: a metric name followed by its label braces.
@@ -68,7 +69,7 @@ def missing_from_exposition(query: str, exposition: dict[str, list[dict[str, str
             if label == "job" or op not in ("=", "=~"):
                 continue  # job is the scrape job's, not the sidecar's
             have = {labels.get(label) for labels in exposition[name]}
-            for wanted in (value.split("|") if op == "=~" else [value]):
+            for wanted in value.split("|") if op == "=~" else [value]:
                 if wanted not in have:
                     missing.append(f'{name}{{{label}="{wanted}"}}')
     return missing
@@ -96,12 +97,15 @@ def normalized(promql: str) -> str:
 
 # --- schemas ---------------------------------------------------------------------------------
 
+
 def test_scaledobject_is_valid_for_kedas_crd_and_a_fault_is_not(crd_validators):  # noqa: F811
     scaled = scaledobject()
     validator = crd_validators[(scaled["apiVersion"], "ScaledObject")]
     assert not [e.message for e in validator.iter_errors(scaled)]
     broken = copy.deepcopy(scaled)
-    broken["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["stabilisationWindowSeconds"] = 60
+    broken["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["stabilisationWindowSeconds"] = (
+        60
+    )
     assert list(validator.iter_errors(broken)), "a misspelled behaviour field passed the CRD"
     broken = copy.deepcopy(scaled)
     broken["spec"]["triggers"][0]["metadata"]["threshold"] = 1  # trigger metadata is map[string]string
@@ -120,6 +124,7 @@ def test_hpa_alternative_is_valid_kubernetes_and_a_fault_is_not(version):
 
 # --- the query -------------------------------------------------------------------------------
 
+
 def test_trigger_query_parses_and_a_broken_one_does_not(tmp_path):
     query = trigger_query(scaledobject())
     ok = promtool_parse(query, tmp_path)
@@ -136,10 +141,12 @@ def test_every_metric_and_reason_the_query_names_is_exported_by_the_sidecar():
     assert {"palmyra_in_flight_requests", "palmyra_queued_requests", "palmyra_concurrency_limit"} <= names
     assert missing_from_exposition(query, exposition) == []
     # the same check catches a renamed metric and a reason the sidecar never counts
-    assert missing_from_exposition(query.replace("palmyra_queued_requests", "palmyra_queue_requests"),
-                                   exposition) == ["palmyra_queue_requests"]
+    assert missing_from_exposition(query.replace("palmyra_queued_requests", "palmyra_queue_requests"), exposition) == [
+        "palmyra_queue_requests"
+    ]
     assert missing_from_exposition(query.replace("queue_full", "queue_overflow"), exposition) == [
-        'palmyra_rejections_total{reason="queue_overflow"}']
+        'palmyra_rejections_total{reason="queue_overflow"}'
+    ]
 
 
 def test_concurrency_limit_is_the_admission_limit():
@@ -184,10 +191,20 @@ def test_query_arithmetic_on_synthetic_replicas(tmp_path):
     ]
     # b's limit is 0 from minute 6: clamp_min makes it 1, so b counts 4/1 = 4.
     expected = {"2m": 0, "5m": 1, "8m": 2 + 4, "11m": (4 + 3) / 4 + 4}
-    tests = {"rule_files": [str(rules)], "evaluation_interval": "10s", "tests": [{
-        "interval": "10s", "input_series": inputs,
-        "promql_expr_test": [{"expr": query, "eval_time": t, "exp_samples": [{"labels": "{}", "value": v}]}
-                             for t, v in expected.items()]}]}
+    tests: dict[str, Any] = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "10s",
+        "tests": [
+            {
+                "interval": "10s",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": t, "exp_samples": [{"labels": "{}", "value": v}]}
+                    for t, v in expected.items()
+                ],
+            }
+        ],
+    }
     path = tmp_path / "autoscaling.test.yml"
     path.write_text(yaml.safe_dump(tests), encoding="utf-8")
     run = subprocess.run(["promtool", "test", "rules", str(path)], check=False, capture_output=True, text=True)
@@ -199,6 +216,7 @@ def test_query_arithmetic_on_synthetic_replicas(tmp_path):
 
 
 # --- the two autoscalers agree ---------------------------------------------------------------
+
 
 def test_adapter_rule_computes_the_triggers_query():
     """docs/autoscaling.md's adapter rule, with the matchers the adapter inserts for the HPA's

@@ -278,7 +278,12 @@ def test_all_targets_exist(dockerfile: Dockerfile) -> None:
 def test_base_images_are_build_args_with_registry_defaults(dockerfile: Dockerfile) -> None:
     assert dockerfile.global_args["PYTHON_BASE"] == "python:3.11-slim-bookworm"
     assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-runtime-ubuntu\d+\.\d+", dockerfile.global_args["CUDA_BASE"])
-    expected = {"engine-ascend": "VLLM_ASCEND_BASE", "engine-cpu": "PYTHON_BASE", "engine-cuda": "CUDA_BASE", "sidecar": "PYTHON_BASE"}
+    expected = {
+        "engine-ascend": "VLLM_ASCEND_BASE",
+        "engine-cpu": "PYTHON_BASE",
+        "engine-cuda": "CUDA_BASE",
+        "sidecar": "PYTHON_BASE",
+    }
     for target, arg in expected.items():
         root = ancestry(dockerfile, target)[-1]  # engine-cpu is built on its dependency stage
         assert root.base in (f"${{{arg}}}", f"${arg}"), f"{target} is FROM {root.base}"
@@ -325,14 +330,23 @@ def test_no_package_index_host_is_a_default() -> None:
     files = []
     for name in INSTALL_FILES:
         path = REPO / name
-        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
+        files += (
+            sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            if path.is_dir()
+            else [path]
+        )
     assert len(files) >= 15 and REPO / "compose" / "ascend.env" in files
-    problems = [problem for path in files for problem in unexplained_urls(path.read_text(), str(path.relative_to(REPO)))]
+    problems = [
+        problem for path in files for problem in unexplained_urls(path.read_text(), str(path.relative_to(REPO)))
+    ]
     assert not problems, "URLs outside comments that are no allowed default:\n" + "\n".join(problems)
     # The check sees a mirror given as a default, in any of these files' forms.
-    for line in ("ARG PIP_INDEX_URL=https://mirror.example/simple", "RUN debootstrap bookworm /r http://deb.example/debian",
-                 "  PIP_EXTRA_INDEX_URL: ${PIP_EXTRA_INDEX_URL:-https://mirror.example/simple}",
-                 "pip install --index-url https://mirror.example/simple -e ."):
+    for line in (
+        "ARG PIP_INDEX_URL=https://mirror.example/simple",
+        "RUN debootstrap bookworm /r http://deb.example/debian",
+        "  PIP_EXTRA_INDEX_URL: ${PIP_EXTRA_INDEX_URL:-https://mirror.example/simple}",
+        "pip install --index-url https://mirror.example/simple -e .",
+    ):
         assert unexplained_urls(line, "planted"), line
 
 
@@ -352,7 +366,9 @@ def test_final_stages_carry_no_build_tools_or_pip_runs(dockerfile: Dockerfile) -
         installed: set[str] = set()
         for run in stage.runs():
             body = run.body()
-            assert "pip install" not in body and "git " not in body, f"{target} line {run.line}: build step in final stage"
+            assert "pip install" not in body and "git " not in body, (
+                f"{target} line {run.line}: build step in final stage"
+            )
             installed |= apt_packages(run)
             if "apt-get install" in body:
                 assert "rm -rf /var/lib/apt/lists/*" in body, f"{target} line {run.line}: apt lists left in the image"
@@ -420,12 +436,21 @@ def test_engine_layout_user_and_entrypoint(dockerfile: Dockerfile, target: str) 
     assert stage.last("USER").args == "1000:1000"
     # The uid 1000 user is HwHiAiUser, with an /etc/passwd entry (useradd via the helper).
     user_runs = [r.body() for r in stage.runs() if "add-runtime-user.sh" in r.body()]
-    assert user_runs and shlex.split(user_runs[0])[:4] == ["sh", "/usr/local/sbin/add-runtime-user.sh", "HwHiAiUser", "1000"]
+    assert user_runs and shlex.split(user_runs[0])[:4] == [
+        "sh",
+        "/usr/local/sbin/add-runtime-user.sh",
+        "HwHiAiUser",
+        "1000",
+    ]
     assert "chown -R 1000:1000 /models /cache" in user_runs[0]
     assert stage.last("ENTRYPOINT").exec_form() == ["/opt/palmyra/bin/engine-entrypoint.sh"]
     assert stage.last("CMD").exec_form() == ENGINE_CMD
     assert not stage.of("EXPOSE")  # nothing outside the pod / Compose namespace may connect
-    assert stage.last("HEALTHCHECK").exec_form()[:3] == ["python3", "/opt/palmyra/healthchecks/http_probe.py", "http://127.0.0.1:8000/health"]
+    assert stage.last("HEALTHCHECK").exec_form()[:3] == [
+        "python3",
+        "/opt/palmyra/healthchecks/http_probe.py",
+        "http://127.0.0.1:8000/health",
+    ]
     copies = [c.body() for c in stage.of("COPY")]
     assert "healthchecks/ /opt/palmyra/healthchecks/" in copies
     assert "docker/engine-entrypoint.sh /opt/palmyra/bin/engine-entrypoint.sh" in copies
@@ -475,7 +500,12 @@ def test_engine_cpu_requirements_match_pyproject() -> None:
     with (REPO / "pyproject.toml").open("rb") as fh:
         extras = tomllib.load(fh)["project"]["optional-dependencies"]
     listed = subprocess.run(
-        [sys.executable, str(REPO / "docker" / "requirements-from-pyproject.py"), str(REPO / "pyproject.toml"), "engine-cpu,model"],
+        [
+            sys.executable,
+            str(REPO / "docker" / "requirements-from-pyproject.py"),
+            str(REPO / "pyproject.toml"),
+            "engine-cpu,model",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -540,9 +570,12 @@ def test_the_launcher_is_pid_1_of_the_engine_container(dockerfile: Dockerfile, t
     assert stage.last("ENTRYPOINT").exec_form() == ["/opt/palmyra/bin/engine-entrypoint.sh"]
     assert stage.last("CMD").exec_form()[:2] == ["palmyra-serve", "engine"]
     # The entrypoint replaces itself with the command: same pid, so PID 1 in a container.
-    proc = subprocess.Popen(["bash", str(REPO / "docker" / "engine-entrypoint.sh"), "sh", "-c", "echo $$"],
-                            env={"PATH": os.environ["PATH"], "PALMYRA_ASCEND_ROOT": str(tmp_path)},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "docker" / "engine-entrypoint.sh"), "sh", "-c", "echo $$"],
+        env={"PATH": os.environ["PATH"], "PALMYRA_ASCEND_ROOT": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out, _ = proc.communicate(timeout=30)
     assert int(out) == proc.pid
 
@@ -559,7 +592,11 @@ def test_entrypoint_preloads_jemalloc_only_when_present(tmp_path: Path) -> None:
 
 
 def test_dockerignore_is_an_allowlist_covering_every_copy(dockerfile: Dockerfile) -> None:
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert patterns[0] == "*", "the context should be an allowlist"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
     assert {"pyproject.toml", "service", "healthchecks", "docker"} <= allowed
@@ -579,7 +616,11 @@ def test_dockerignore_is_an_allowlist_covering_every_copy(dockerfile: Dockerfile
 def test_add_runtime_user_script_is_valid_posix_sh() -> None:
     # It runs as `sh` in Debian and Ubuntu bases: dash must parse it. (tests/container runs it.)
     for script in ("add-runtime-user.sh",):
-        result = subprocess.run(["sh", "-n", str(REPO / "docker" / script)], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["sh", "-n", str(REPO / "docker" / script)], capture_output=True, text=True, check=False
+        )
         assert result.returncode == 0, result.stderr
-    result = subprocess.run(["bash", "-n", str(REPO / "docker" / "engine-entrypoint.sh")], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["bash", "-n", str(REPO / "docker" / "engine-entrypoint.sh")], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr

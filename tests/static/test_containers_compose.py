@@ -19,11 +19,11 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from test_containers import ENGINE_CMD, parse_dockerfile
 
-from helpers import deployed
-from helpers.deployed import flag_value, loopback
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+from tests.helpers import deployed
+from tests.helpers.deployed import flag_value, loopback
+from tests.static.test_containers import ENGINE_CMD, parse_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -45,7 +45,11 @@ TEST_ENGINE_KEY = "static-test-engine-key"  # Compose requires one; the env file
 IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
 ENGINE_PORT, SIDECAR_PORT = 8000, 8080
 # The engine's launcher command as the image runs it, bound to the namespace's loopback.
-LOOPBACK_ENGINE_CMD = [*ENGINE_CMD[: ENGINE_CMD.index("--host") + 1], "127.0.0.1", *ENGINE_CMD[ENGINE_CMD.index("--host") + 2:]]
+LOOPBACK_ENGINE_CMD = [
+    *ENGINE_CMD[: ENGINE_CMD.index("--host") + 1],
+    "127.0.0.1",
+    *ENGINE_CMD[ENGINE_CMD.index("--host") + 2 :],
+]
 
 
 class _ComposeLoader(yaml.SafeLoader):
@@ -77,7 +81,7 @@ def _drop_resets(value: Any) -> Any:
 
 
 def load(path: Path) -> dict[str, Any]:
-    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # noqa: S506 - SafeLoader subclass
+    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # a SafeLoader subclass
 
 
 @pytest.fixture(scope="module")
@@ -286,10 +290,16 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         "engine on every address": lambda s: engine_host(s, "0.0.0.0"),
         "engine port published": lambda s: s[HOLDER]["ports"].append("127.0.0.1:8000:8000"),
         "engine port published by itself": lambda s: s["engine-cpu"].__setitem__("ports", ["8000:8000"]),
-        "engine on the project network": lambda s: (s["engine"].pop("network_mode"),
-                                                    s["engine"].__setitem__("networks", {"default": None})),
-        "another service joins the namespace": lambda s: s["prometheus"].__setitem__("network_mode", f"service:{HOLDER}"),
-        "sidecar aims at a name": lambda s: s["sidecar"]["environment"].__setitem__("PALMYRA_ENGINE_URL", "http://engine:8000"),
+        "engine on the project network": lambda s: (
+            s["engine"].pop("network_mode"),
+            s["engine"].__setitem__("networks", {"default": None}),
+        ),
+        "another service joins the namespace": lambda s: s["prometheus"].__setitem__(
+            "network_mode", f"service:{HOLDER}"
+        ),
+        "sidecar aims at a name": lambda s: s["sidecar"]["environment"].__setitem__(
+            "PALMYRA_ENGINE_URL", "http://engine:8000"
+        ),
         "holder restarts on its own terms": lambda s: s[HOLDER].__setitem__("restart", "unless-stopped"),
     }
     for what, fault in faults.items():
@@ -300,15 +310,17 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         print(f"caught: {what}")
 
 
-def _podman_compose_run(*files: Path, profile: str = "cpu", env_file: str = "/dev/null",
-                        **env: str) -> subprocess.CompletedProcess[str]:
+def _podman_compose_run(
+    *files: Path, profile: str = "cpu", env_file: str = "/dev/null", **env: str
+) -> subprocess.CompletedProcess[str]:
     # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
     argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
-    return subprocess.run([*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env},
-                          timeout=60, check=False)
+    return subprocess.run(
+        [*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env}, timeout=60, check=False
+    )
 
 
 def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
@@ -327,7 +339,7 @@ def test_podman_compose_resolves_the_shared_namespace() -> None:
 
 
 def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -> None:
-    urls = {name: probe_url(s) for name, s in services.items() if probe_url(s)}
+    urls = {name: url for name, s in services.items() if (url := probe_url(s))}
     assert set(urls) == {"engine", "engine-cpu", "sidecar"}
     # The sidecar's probe port, as its environment sets it: apart from the client port, and
     # published nowhere (busy clients cannot fail the healthchecks; only the probes are there).
@@ -375,7 +387,7 @@ def test_engine_commands_match_the_image(services: dict[str, Any]) -> None:
     # The image's own command up to the listen address: Compose binds it to the shared loopback.
     image_cmd = df.stages["engine-cpu"].last("CMD").exec_form()
     host = image_cmd.index("--host") + 1
-    assert image_cmd[:host] + image_cmd[host + 1:] == LOOPBACK_ENGINE_CMD[:host] + LOOPBACK_ENGINE_CMD[host + 1:]
+    assert image_cmd[:host] + image_cmd[host + 1 :] == LOOPBACK_ENGINE_CMD[:host] + LOOPBACK_ENGINE_CMD[host + 1 :]
     for name in ("engine", "engine-cpu"):
         assert services[name]["command"] == LOOPBACK_ENGINE_CMD
 
@@ -426,8 +438,9 @@ def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
     assert "required variable PALMYRA_ENGINE_API_KEY is missing a value" in refused.stderr
     assert "openssl rand -hex 32" in refused.stderr
     # A key in the shell that runs Compose wins over the env file's empty one, for both containers.
-    services = yaml.safe_load(_podman_compose_run(COMPOSE, env_file=env_file,
-                                                  PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout)["services"]
+    services = yaml.safe_load(
+        _podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
+    )["services"]
     assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
     assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
 
@@ -563,8 +576,9 @@ def test_podman_override_is_host_network_local_images_loopback_only() -> None:
     probe_port = override["sidecar"]["environment"]["PALMYRA_PROBE_PORT"]
     assert probe_port != sidecar_cmd[sidecar_cmd.index("--port") + 1]
     for name in ("engine-cpu", "sidecar"):
-        assert probe_url(override[name]).startswith(f"http://127.0.0.1:{probe_port}/")
-        assert url_path(probe_url(override[name]).replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
+        url = probe_url(override[name])
+        assert url is not None and url.startswith(f"http://127.0.0.1:{probe_port}/"), url
+        assert url_path(url.replace("${PALMYRA_TEST_SIDECAR_PORT:-18080}", "1")) in SIDECAR_PATHS
 
 
 def test_override_lists_that_must_replace_say_so() -> None:

@@ -47,15 +47,15 @@ from typing import Any
 import httpx
 import pytest
 
-from helpers import procs
-from helpers.api import completion
-from helpers.waiting import wait_until
 from palmyra_serve import __version__
 from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.app import SidecarApp, create_app
 from palmyra_serve.sidecar.observability.access_log import LOGGER_NAME
+from tests.helpers import procs
+from tests.helpers.api import completion
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "tests" / "data" / "contract"

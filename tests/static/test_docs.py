@@ -12,30 +12,28 @@ README commands are checked in test_docs_readme.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
 
-from helpers.markdown import github_slug
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from tests.helpers.markdown import github_slug
+from tests.helpers.modules import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 GEN = REPO / "scripts" / "gen_docs.py"
 
 
-def load_gen_docs():
-    spec = importlib.util.spec_from_file_location("gen_docs", GEN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_gen_docs() -> ModuleType:
+    return load_module("gen_docs", GEN)  # a fresh copy each time: a test may repoint its paths
 
 
 def markdown_files() -> list[Path]:
@@ -44,6 +42,7 @@ def markdown_files() -> list[Path]:
 
 
 # --- generated references ---------------------------------------------------------------------
+
 
 def test_generated_docs_are_current():
     out = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True, timeout=120)
@@ -81,8 +80,12 @@ def test_every_setting_and_subcommand_is_in_the_configuration_reference():
 
 def exposed_sample_names() -> set[str]:
     metrics = SidecarMetrics()
-    return {s.name for fam in metrics.registry.collect() for s in fam.samples
-            if not s.name.endswith(("_bucket", "_sum", "_count"))}
+    return {
+        s.name
+        for fam in metrics.registry.collect()
+        for s in fam.samples
+        if not s.name.endswith(("_bucket", "_sum", "_count"))
+    }
 
 
 def test_every_sidecar_metric_is_in_the_metrics_reference():
@@ -117,10 +120,14 @@ def vllm_names(objects) -> set[str]:
 
 
 def monitoring_vllm_names() -> set[str]:
-    dashboards = [json.loads(p.read_text(encoding="utf-8"))
-                  for p in sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))]
-    rules = [yaml.safe_load(p.read_text(encoding="utf-8"))
-             for p in sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))]
+    dashboards = [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))
+    ]
+    rules = [
+        yaml.safe_load(p.read_text(encoding="utf-8"))
+        for p in sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
+    ]
     assert dashboards and rules
     return vllm_names(dashboards + rules)
 
@@ -138,8 +145,9 @@ def test_engine_metrics_table_matches_dashboards_and_rules():
 
 def test_engine_metric_name_extraction_sees_histogram_series():
     # The drift test above compares base names: a histogram used through its _bucket series counts.
-    assert vllm_names([{"expr": "histogram_quantile(0.9, rate(vllm:e2e_request_latency_seconds_bucket[5m]))"}]) \
-        == {"vllm:e2e_request_latency_seconds"}
+    assert vllm_names([{"expr": "histogram_quantile(0.9, rate(vllm:e2e_request_latency_seconds_bucket[5m]))"}]) == {
+        "vllm:e2e_request_latency_seconds"
+    }
     assert "vllm:num_requests_waiting" in monitoring_vllm_names()
 
 
@@ -169,14 +177,17 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
-    "PALMYRA_RELIABILITY_FIGURES": ("tests/engine/reliability_support.py", "where the reliability suite appends its figures"),
+    "PALMYRA_RELIABILITY_FIGURES": (
+        "tests/engine/reliability_support.py",
+        "where the reliability suite appends its figures",
+    ),
     "PALMYRA_UPDATE_CONTRACT": ("tests/static/test_contract.py", "rewrites the contract snapshot's golden files"),
 }
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
 
 def files_mentioning_variables() -> list[Path]:
-    files = markdown_files() + [REPO / "docker-compose.yml", REPO / "Dockerfile"]
+    files = [*markdown_files(), REPO / "docker-compose.yml", REPO / "Dockerfile"]
     files += sorted((REPO / "k8s").rglob("*.yaml")) + sorted((REPO / "compose").glob("*.env"))
     files += sorted((REPO / "compose").glob("*.yml"))
     return [f for f in files if f.is_file()]
@@ -184,7 +195,7 @@ def files_mentioning_variables() -> list[Path]:
 
 def test_every_palmyra_variable_mentioned_is_a_setting_or_allowed():
     settings = {f"PALMYRA_{name.upper()}" for name in Settings.model_fields}
-    unknown = {}
+    unknown: dict[str, list[str]] = {}
     for path in files_mentioning_variables():
         for name in set(PALMYRA_VAR.findall(path.read_text(encoding="utf-8"))):
             if name not in settings and name not in ALLOWED_NON_SETTINGS:
@@ -204,8 +215,9 @@ def test_allowed_non_setting_is_really_read_where_claimed_and_documented(name):
     reader, _reason = ALLOWED_NON_SETTINGS[name]
     assert name not in {f"PALMYRA_{f.upper()}" for f in Settings.model_fields}, "it is a setting now: drop it here"
     assert name in (REPO / reader).read_text(encoding="utf-8"), f"{reader} no longer reads {name}"
-    documented = (DOCS / "configuration.md").read_text(encoding="utf-8") + \
-        (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    documented = (DOCS / "configuration.md").read_text(encoding="utf-8") + (REPO / "CONTRIBUTING.md").read_text(
+        encoding="utf-8"
+    )
     assert f"`{name}`" in documented, "explain it in docs/configuration.md (or CONTRIBUTING.md for test knobs)"
 
 
@@ -271,9 +283,11 @@ def test_github_slugs():
 
 def test_link_check_catches_a_missing_file_and_a_missing_anchor():
     probe = DOCS / "link-check-probe.md"  # never written: its text is passed in
-    text = ("[a](configuration.md#settings) [b](nope.md) [c](metrics.md#no-such-heading) "
-            "[d](https://example.com/x) `[e](ignored.md)` [f](#local) [g](#elsewhere) [h](../../outside.md)\n"
-            "# Local\n")
+    text = (
+        "[a](configuration.md#settings) [b](nope.md) [c](metrics.md#no-such-heading) "
+        "[d](https://example.com/x) `[e](ignored.md)` [f](#local) [g](#elsewhere) [h](../../outside.md)\n"
+        "# Local\n"
+    )
     assert broken_links(probe, text) == [
         "nope.md: no such file",
         "metrics.md#no-such-heading: no heading with anchor #no-such-heading in docs/metrics.md",

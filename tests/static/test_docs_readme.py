@@ -40,12 +40,25 @@ CHECKED = ("palmyra-serve", "./bootstrap.sh", "./test.sh", "curl", "docker", "ku
 OPERATORS = {"|", "||", "&&", ";", "&", "(", ")", "|&", ";;"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # Top-level repository entries a command may name; any such path must exist.
-TRACKED_ROOTS = ("k8s/", "compose/", "scripts/", "docker/", "monitoring/", "healthchecks/", "docs/", "tests/",
-                 "service/", "benchmarks/", "./scripts/", "./benchmarks/")
+TRACKED_ROOTS = (
+    "k8s/",
+    "compose/",
+    "scripts/",
+    "docker/",
+    "monitoring/",
+    "healthchecks/",
+    "docs/",
+    "tests/",
+    "service/",
+    "benchmarks/",
+    "./scripts/",
+    "./benchmarks/",
+)
 GENERATION_PATHS = {"/v1/completions", "/v1/chat/completions"}
 
 
 # --- extraction -------------------------------------------------------------------------------
+
 
 def shell_lines(markdown: str) -> list[str]:
     lines: list[str] = []
@@ -74,7 +87,8 @@ def simple_commands(line: str) -> list[list[str]]:
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = list(lexer)
-    commands, current = [], []
+    commands: list[list[str]] = []
+    current: list[str] = []
     for token in tokens:
         if token in OPERATORS:
             if current:
@@ -111,6 +125,7 @@ def readme_commands() -> list[tuple[str, list[str]]]:
 
 
 # --- what exists ------------------------------------------------------------------------------
+
 
 def script_words(script: str, bogus_arg: str, pattern: str) -> set[str]:
     """The words a script accepts, read from the usage error it prints for a bogus word (exit 2).
@@ -162,11 +177,14 @@ def k8s_deployments() -> dict[str, set[str]]:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if doc and doc.get("kind") == "Deployment":
                 spec = doc["spec"]["template"]["spec"]
-                out[doc["metadata"]["name"]] = {c["name"] for c in spec.get("containers", []) + spec.get("initContainers", [])}
+                out[doc["metadata"]["name"]] = {
+                    c["name"] for c in spec.get("containers", []) + spec.get("initContainers", [])
+                }
     return out
 
 
 # --- checkers: each returns a list of problems ----------------------------------------------
+
 
 class Checker:
     def __init__(self, tiers: set[str], bootstrap: set[str], compose: dict) -> None:
@@ -182,9 +200,16 @@ class Checker:
     def check(self, argv: list[str]) -> list[str]:
         problems = [f"{a}: no such path in the repository" for a in argv if self._missing_path(a)]
         name = program(argv)
-        method = {"palmyra-serve": self.palmyra_serve, "./bootstrap.sh": self.bootstrap_sh,
-                  "./test.sh": self.test_sh, "curl": self.curl, "docker": self.docker,
-                  "kubectl": self.kubectl, "podman": self.podman}[name]
+        assert name is not None, f"not a checked program: {argv}"
+        method = {
+            "palmyra-serve": self.palmyra_serve,
+            "./bootstrap.sh": self.bootstrap_sh,
+            "./test.sh": self.test_sh,
+            "curl": self.curl,
+            "docker": self.docker,
+            "kubectl": self.kubectl,
+            "podman": self.podman,
+        }[name]
         return problems + method(argv)
 
     @staticmethod
@@ -214,7 +239,7 @@ class Checker:
     def test_sh(self, argv: list[str]) -> list[str]:
         args = argv[1:]
         if "--" in args:
-            args = args[:args.index("--")]
+            args = args[: args.index("--")]
         return [f"./test.sh has no tier {a!r} (tiers: {sorted(self.tiers)})" for a in args if a not in self.tiers]
 
     def curl(self, argv: list[str]) -> list[str]:
@@ -223,8 +248,12 @@ class Checker:
             return [f"curl: expected one URL on localhost/127.0.0.1, found {urls}"]
         url = urlsplit(urls[0] if "://" in urls[0] else "http://" + urls[0])
         path = url.path or "/"
-        known = {8080: ("sidecar", self.sidecar), 8000: ("engine", {"/health", "/metrics", "/version"} | self.sidecar),
-                 9090: ("Prometheus", None), 3000: ("Grafana", None)}
+        known = {
+            8080: ("sidecar", self.sidecar),
+            8000: ("engine", {"/health", "/metrics", "/version"} | self.sidecar),
+            9090: ("Prometheus", None),
+            3000: ("Grafana", None),
+        }
         if url.port not in known:
             return [f"curl: port {url.port} is none of palmyra-serve's ({sorted(known)})"]
         service, paths = known[url.port]
@@ -269,12 +298,35 @@ class Checker:
                 step = 1
             i += step
         if i >= len(args):
-            return problems + ["docker compose: no subcommand"]
-        sub, rest = args[i], args[i + 1:]
-        known = {"up", "down", "ps", "logs", "restart", "stop", "start", "pull", "build", "config", "rm", "kill",
-                 "top", "port", "images", "exec", "run", "events", "create", "pause", "unpause", "wait", "watch"}
+            return [*problems, "docker compose: no subcommand"]
+        sub, rest = args[i], args[i + 1 :]
+        known = {
+            "up",
+            "down",
+            "ps",
+            "logs",
+            "restart",
+            "stop",
+            "start",
+            "pull",
+            "build",
+            "config",
+            "rm",
+            "kill",
+            "top",
+            "port",
+            "images",
+            "exec",
+            "run",
+            "events",
+            "create",
+            "pause",
+            "unpause",
+            "wait",
+            "watch",
+        }
         if sub not in known:
-            return problems + [f"docker compose: no subcommand {sub!r}"]
+            return [*problems, f"docker compose: no subcommand {sub!r}"]
         if sub in ("exec", "run"):
             positional = [a for a in rest if not a.startswith("-")][:1]
         elif sub in ("port", "config"):
@@ -315,8 +367,11 @@ class Checker:
                 problems.append(f"kubectl {opt}: no file {value}")
         if args[:1] == ["kustomize"]:
             dirs = [a for a in args[1:] if not a.startswith("-") and a != "LoadRestrictionsNone"]
-            problems += [f"kubectl kustomize: {d} is not a kustomization" for d in dirs
-                         if not (REPO / d / "kustomization.yaml").is_file()]
+            problems += [
+                f"kubectl kustomize: {d} is not a kustomization"
+                for d in dirs
+                if not (REPO / d / "kustomization.yaml").is_file()
+            ]
         deployment = None
         for arg in args:
             m = re.match(r"^(?:deploy|deployment|deployments)(?:\.apps)?/(.+)$", arg)
@@ -325,9 +380,13 @@ class Checker:
                 if deployment not in self.deployments:
                     problems.append(f"kubectl: no Deployment {deployment!r} (have {sorted(self.deployments)})")
         for i, arg in enumerate(args):
-            if arg in ("-c", "--container") and i + 1 < len(args) and deployment in self.deployments:
-                if args[i + 1] not in self.deployments[deployment]:
-                    problems.append(f"kubectl: Deployment {deployment} has no container {args[i + 1]!r}")
+            if (
+                arg in ("-c", "--container")
+                and i + 1 < len(args)
+                and deployment in self.deployments
+                and args[i + 1] not in self.deployments[deployment]
+            ):
+                problems.append(f"kubectl: Deployment {deployment} has no container {args[i + 1]!r}")
         return problems
 
 
@@ -357,8 +416,8 @@ BAD = [
     "./test.sh unit integration",
     "curl -s http://127.0.0.1:8080/readyz",
     "curl -s http://127.0.0.1:8081/ready",
-    "curl http://127.0.0.1:8080/v1/completions -d '{\"model\": \"gpt-4\", \"prompt\": \"Hi\"}'",
-    "curl http://127.0.0.1:8080/v1/completions -d '{\"model\": \"palmyra-mini\",}'",
+    'curl http://127.0.0.1:8080/v1/completions -d \'{"model": "gpt-4", "prompt": "Hi"}\'',
+    'curl http://127.0.0.1:8080/v1/completions -d \'{"model": "palmyra-mini",}\'',
     "docker compose --profile gpu up -d",
     "docker compose --env-file compose/gpu.env up -d",
     "docker compose logs engine-npu",
@@ -376,13 +435,18 @@ def test_checker_rejects_commands_that_do_not_exist(checker, line):
 
 
 def test_extraction_handles_prompts_continuations_and_pipes():
-    md = ("```sh\n$ curl -s http://127.0.0.1:8080/ready \\\n    | python3 -m json.tool\n{\"ready\": true}\n```\n"
-          "```text\ncurl http://nope\n```\n"
-          "```bash\nPALMYRA_LONG=1 ./test.sh unit  # comment\nkubectl kustomize k8s/overlays/cpu | kubectl apply -f -\n```\n")
+    md = (
+        '```sh\n$ curl -s http://127.0.0.1:8080/ready \\\n    | python3 -m json.tool\n{"ready": true}\n```\n'
+        "```text\ncurl http://nope\n```\n"
+        "```bash\nPALMYRA_LONG=1 ./test.sh unit  # comment\n"
+        "kubectl kustomize k8s/overlays/cpu | kubectl apply -f -\n```\n"
+    )
     lines = shell_lines(md)
-    assert [" ".join(line.split()) for line in lines] == ["curl -s http://127.0.0.1:8080/ready | python3 -m json.tool",
-                     "PALMYRA_LONG=1 ./test.sh unit # comment",
-                     "kubectl kustomize k8s/overlays/cpu | kubectl apply -f -"]
+    assert [" ".join(line.split()) for line in lines] == [
+        "curl -s http://127.0.0.1:8080/ready | python3 -m json.tool",
+        "PALMYRA_LONG=1 ./test.sh unit # comment",
+        "kubectl kustomize k8s/overlays/cpu | kubectl apply -f -",
+    ]
     assert [simple_commands(line) for line in lines] == [
         [["curl", "-s", "http://127.0.0.1:8080/ready"], ["python3", "-m", "json.tool"]],
         [["./test.sh", "unit"]],

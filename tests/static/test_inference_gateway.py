@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_k8s import (
+
+from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
+from tests.static.test_k8s import (
     K8S,
     REPO,
     assert_valid,
@@ -36,8 +38,6 @@ from test_k8s import (
     pod_spec,
     render,
 )
-
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
 
 API_ROUTES = {path: route.label for path, route in RELAYED.items()}
 
@@ -61,23 +61,61 @@ PICKER_READS = {
 LORA_ONLY = "vllm:lora_requests_info"
 # Fields the picker's strict decoder accepts at v0.10.0 (apix/config/v1alpha1/
 # endpointpickerconfig_types.go, and each plugin's parameter struct): anything else stops it.
-CONFIG_FIELDS = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "dataLayer",
-                 "flowControl", "requestHandler", "saturationDetector", "parser"}
+CONFIG_FIELDS = {
+    "apiVersion",
+    "kind",
+    "featureGates",
+    "plugins",
+    "schedulingProfiles",
+    "dataLayer",
+    "flowControl",
+    "requestHandler",
+    "saturationDetector",
+    "parser",
+}
 PLUGIN_FIELDS = {"name", "type", "parameters"}
 PROFILE_FIELDS = {"name", "plugins"}
 PROFILE_PLUGIN_FIELDS = {"pluginRef", "weight"}
-DATA_LAYER_FIELDS = {"injectDefaults", "sources", "discovery", "crossReplicaSyncerPluginRef",
-                     "crossReplicaSyncInterval"}
+DATA_LAYER_FIELDS = {
+    "injectDefaults",
+    "sources",
+    "discovery",
+    "crossReplicaSyncerPluginRef",
+    "crossReplicaSyncInterval",
+}
 PARAMETERS = {  # source/metrics/datasource.go, extractor/metrics/factories.go
-    "metrics-data-source": {"scheme", "path", "port", "insecureSkipVerify", "caCertPath", "clientCertPath",
-                            "clientKeyPath", "interval"},
+    "metrics-data-source": {
+        "scheme",
+        "path",
+        "port",
+        "insecureSkipVerify",
+        "caCertPath",
+        "clientCertPath",
+        "clientKeyPath",
+        "interval",
+    },
     "core-metrics-extractor": {"engineLabelKey", "defaultEngine", "engineConfigs"},
 }
-ENGINE_CONFIG_FIELDS = {"name", *PICKER_READS, "cacheBlockSizeLabelName", "cacheNumBlocksLabelName",
-                        "cacheBlockSizeSpec", "cacheNumBlocksSpec", "customMetrics"}
+ENGINE_CONFIG_FIELDS = {
+    "name",
+    *PICKER_READS,
+    "cacheBlockSizeLabelName",
+    "cacheNumBlocksLabelName",
+    "cacheBlockSizeSpec",
+    "cacheNumBlocksSpec",
+    "customMetrics",
+}
 # Plugin types of the config, as registered in llm-d-router v0.10.0.
-KNOWN_TYPES = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "metrics-data-source",
-               "core-metrics-extractor", "max-score-picker", "single-profile-handler", "openai-parser"}
+KNOWN_TYPES = {
+    "queue-scorer",
+    "kv-cache-utilization-scorer",
+    "prefix-cache-scorer",
+    "metrics-data-source",
+    "core-metrics-extractor",
+    "max-score-picker",
+    "single-profile-handler",
+    "openai-parser",
+}
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # GEP-1762
 NAMESPACE = {"kubernetes.io/metadata.name": "palmyra"}
 MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
@@ -93,6 +131,7 @@ def _component_only(objects: list[dict], overlay: str = "cpu") -> list[dict]:
 
 
 # --- rendering and schemas -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", discovered_overlays())
 def test_component_renders_on_every_overlay_and_validates(overlay, crd_validators):  # noqa: F811
@@ -116,6 +155,7 @@ def test_crd_validation_catches_a_misspelled_pool_field(crd_validators):  # noqa
 
 # --- CEL rules, by hand -----------------------------------------------------------------------
 
+
 def _cel_rules(crd_file: str, field: str = "rule") -> set[str]:
     """The CRD's CEL rules (or their messages), whitespace-normalised."""
     crd = yaml.safe_load((CRDS / crd_file).read_text(encoding="utf-8"))
@@ -129,6 +169,7 @@ def _cel_rules(crd_file: str, field: str = "rule") -> set[str]:
         elif isinstance(node, list):
             for value in node:
                 walk(value)
+
     walk(crd["spec"]["versions"])
     return found
 
@@ -148,21 +189,29 @@ ROUTE_RULES = {
     "absolute_path": "(self.type in ['Exact','PathPrefix']) ? self.value.startsWith('/') : true",
     "no_double_slash": "(self.type in ['Exact','PathPrefix']) ? !self.value.contains('//') : true",
     # spec.rules[].timeouts ("backendRequest timeout cannot be longer than request timeout")
-    "timeouts": ("!(has(self.request) && has(self.backendRequest) && duration(self.request) != duration('0s') "
-                 "&& duration(self.backendRequest) > duration(self.request))"),
+    "timeouts": (
+        "!(has(self.request) && has(self.backendRequest) && duration(self.request) != duration('0s') "
+        "&& duration(self.backendRequest) > duration(self.request))"
+    ),
 }
 
 
 def test_the_cel_rules_checked_here_are_the_vendored_crds_rules():
-    pool_rules, route_rules = _cel_rules("inference.networking.k8s.io_inferencepools.yaml"), _cel_rules(
-        "gateway.networking.k8s.io_httproutes.yaml")
+    pool_rules, route_rules = (
+        _cel_rules("inference.networking.k8s.io_inferencepools.yaml"),
+        _cel_rules("gateway.networking.k8s.io_httproutes.yaml"),
+    )
     assert set(POOL_RULES.values()) <= pool_rules
     assert set(ROUTE_RULES.values()) <= route_rules
     # The match-count and parentRefs rules are long expressions; their messages identify them.
     messages = _cel_rules("gateway.networking.k8s.io_httproutes.yaml", "message")
-    assert {("While 16 rules and 64 matches per rule are allowed, the total number of matches across all rules "
-             "in a route must be less than 128"),
-            "sectionName must be specified when parentRefs includes 2 or more references to the same parent"} <= messages
+    assert {
+        (
+            "While 16 rules and 64 matches per rule are allowed, the total number of matches across all rules "
+            "in a route must be less than 128"
+        ),
+        "sectionName must be specified when parentRefs includes 2 or more references to the same parent",
+    } <= messages
 
 
 _DURATION = re.compile(r"^(?:[0-9]{1,5}(?:h|m|s|ms)){1,4}$")  # GEP-2257, as the CRD's pattern
@@ -188,10 +237,12 @@ def pool_cel_errors(pool: dict) -> list[str]:
 
 def route_cel_errors(route: dict) -> list[str]:
     spec, errors = route["spec"], []
-    parents = [(p.get("group", "gateway.networking.k8s.io"), p.get("kind", "Gateway"), p["name"],
-                p.get("namespace", "")) for p in spec.get("parentRefs", [])]
+    parents = [
+        (p.get("group", "gateway.networking.k8s.io"), p.get("kind", "Gateway"), p["name"], p.get("namespace", ""))
+        for p in spec.get("parentRefs", [])
+    ]
     for parent in set(parents):
-        same = [p for p, key in zip(spec["parentRefs"], parents) if key == parent]
+        same = [p for p, key in zip(spec["parentRefs"], parents, strict=True) if key == parent]
         if len(same) > 1 and not all(p.get("sectionName") or p.get("port") for p in same):
             errors.append("parentRefs: sectionName must be specified for 2 or more references to the same parent")
     rules = spec.get("rules", [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}])
@@ -205,13 +256,21 @@ def route_cel_errors(route: dict) -> list[str]:
             path = match.get("path", {"type": "PathPrefix", "value": "/"})
             if path["type"] in ("Exact", "PathPrefix"):
                 value = path["value"]
-                bad = (not value.startswith("/") or any(s in value for s in ("//", "/./", "/../", "%2f", "%2F", "#"))
-                       or value.endswith(("/..", "/.")) or not _PATH_CHARS.match(value))
+                bad = (
+                    not value.startswith("/")
+                    or any(s in value for s in ("//", "/./", "/../", "%2f", "%2F", "#"))
+                    or value.endswith(("/..", "/."))
+                    or not _PATH_CHARS.match(value)
+                )
                 if bad:
                     errors.append(f"path {value!r}: not a valid absolute path")
         timeouts = rule.get("timeouts", {})
-        if "request" in timeouts and "backendRequest" in timeouts and _seconds(timeouts["request"]) != 0 \
-                and _seconds(timeouts["backendRequest"]) > _seconds(timeouts["request"]):
+        if (
+            "request" in timeouts
+            and "backendRequest" in timeouts
+            and _seconds(timeouts["request"]) != 0
+            and _seconds(timeouts["backendRequest"]) > _seconds(timeouts["request"])
+        ):
             errors.append("timeouts: backendRequest timeout cannot be longer than request timeout")
     return errors
 
@@ -248,14 +307,19 @@ def test_cel_checks_catch_what_the_api_server_would_reject():
 
 # --- the pool, the picker and the route line up ----------------------------------------------
 
+
 def _matches(selector: dict, labels: dict) -> bool:
     """A LabelSelector (matchLabels, matchExpressions) against a label set."""
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
         return False
     for expr in selector.get("matchExpressions", []):
         key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -294,8 +358,12 @@ def test_pool_selects_the_replicas_on_the_sidecar_port_and_nothing_else():
 def _picker(objects: list[dict]) -> tuple[dict, dict]:
     pool = one(objects, "InferencePool")
     service = one(objects, "Service", pool["spec"]["endpointPickerRef"]["name"])
-    deployment = next(o for o in objects if o["kind"] == "Deployment"
-                      and _matches({"matchLabels": service["spec"]["selector"]}, o["spec"]["template"]["metadata"]["labels"]))
+    deployment = next(
+        o
+        for o in objects
+        if o["kind"] == "Deployment"
+        and _matches({"matchLabels": service["spec"]["selector"]}, o["spec"]["template"]["metadata"]["labels"])
+    )
     return service, deployment
 
 
@@ -321,7 +389,9 @@ def test_pool_points_at_the_picker_and_the_picker_at_the_pool():
     svc_port = next(p for p in service["spec"]["ports"] if p["port"] == ref_port)
     assert _container_port(epp, svc_port["targetPort"]) == int(args["grpc-port"])
     # Probes ask the picker's gRPC health port; its pool namespace comes from the pod's own.
-    assert epp["readinessProbe"]["grpc"]["port"] == epp["livenessProbe"]["grpc"]["port"] == int(args["grpc-health-port"])
+    assert (
+        epp["readinessProbe"]["grpc"]["port"] == epp["livenessProbe"]["grpc"]["port"] == int(args["grpc-health-port"])
+    )
     env = {e["name"]: e for e in epp["env"]}
     assert env["NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert "pool-namespace" not in args
@@ -333,8 +403,13 @@ def test_pool_points_at_the_picker_and_the_picker_at_the_pool():
     assert _container_port(epp, metrics_port["targetPort"]) == int(args["metrics-port"])
     # The role covers what the picker watches, bound to its service account.
     role, binding = one(objects, "Role", "palmyra-serve-epp"), one(objects, "RoleBinding", "palmyra-serve-epp")
-    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               if {"get", "list", "watch"} <= set(rule["verbs"])}
+    granted = {
+        (g, r)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        if {"get", "list", "watch"} <= set(rule["verbs"])
+    }
     assert {(POOL_GROUP, "inferencepools"), ("", "pods")} <= granted
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert [s["name"] for s in binding["subjects"]] == [deployment["spec"]["template"]["spec"]["serviceAccountName"]]
@@ -397,7 +472,8 @@ def test_picker_scrapes_the_engine_metrics_on_the_port_the_pool_targets():
     [wired] = layer["sources"]
     assert wired["pluginRef"] == source.get("name", source["type"])
     assert [e["pluginRef"] for e in wired["extractors"]] == [
-        p.get("name", p["type"]) for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+        p.get("name", p["type"]) for p in config["plugins"] if p["type"] == "core-metrics-extractor"
+    ]
 
 
 def configured_metric_names(config: dict) -> dict[str, str]:
@@ -436,8 +512,9 @@ def vllm_exported_names(source: Path) -> dict[str, bool]:
         for value in names:
             if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.startswith("vllm:"):
                 found[value.value] = found.get(value.value, True) and under_lora
-        for child in ast.iter_child_nodes(node):
-            visit(child, under_lora)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner, under_lora)
+
     visit(tree, False)
     return found
 
@@ -512,6 +589,7 @@ def test_route_sends_generation_to_the_pool_and_the_rest_of_the_api_to_the_servi
 
 # --- NetworkPolicy ---------------------------------------------------------------------------
 
+
 def _port_allowed(rule: dict, port: int, names: dict[str, int]) -> bool:
     if not rule.get("ports"):
         return True
@@ -532,19 +610,28 @@ def _peer_allowed(peer: dict, src: dict, src_ns: dict, same_ns: bool) -> bool:
     return ns_ok and _matches(peer.get("podSelector", {}), src)
 
 
-def admits(policies: list[dict], target: dict, target_ports: dict[str, int], port: int,
-           src: dict, src_ns: dict) -> bool:
+def admits(
+    policies: list[dict], target: dict, target_ports: dict[str, int], port: int, src: dict, src_ns: dict
+) -> bool:
     """Whether ingress from a pod (labels `src`, namespace labels `src_ns`) to a pod (labels
     `target`, in NAMESPACE) on TCP `port` is allowed: not isolated, or allowed by some rule of some
     policy selecting the target (NetworkPolicy semantics)."""
     same_ns = src_ns == NAMESPACE
-    selecting = [p for p in policies if p["kind"] == "NetworkPolicy" and _matches(p["spec"]["podSelector"], target)
-                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    selecting = [
+        p
+        for p in policies
+        if p["kind"] == "NetworkPolicy"
+        and _matches(p["spec"]["podSelector"], target)
+        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+    ]
     if not selecting:
         return True
-    return any(_port_allowed(rule, port, target_ports)
-               and (not rule.get("from") or any(_peer_allowed(peer, src, src_ns, same_ns) for peer in rule["from"]))
-               for policy in selecting for rule in policy["spec"].get("ingress", []))
+    return any(
+        _port_allowed(rule, port, target_ports)
+        and (not rule.get("from") or any(_peer_allowed(peer, src, src_ns, same_ns) for peer in rule["from"]))
+        for policy in selecting
+        for rule in policy["spec"].get("ingress", [])
+    )
 
 
 def _ports(c: dict) -> dict[str, int]:
@@ -562,8 +649,14 @@ def test_network_policies_let_the_picker_and_the_gateway_through():
     pool, route = one(objects, "InferencePool"), one(objects, "HTTPRoute")
     scrape_port = sidecar_port(objects)
     gateway = {GATEWAY_NAME_LABEL: route["spec"]["parentRefs"][0]["name"]}
-    ext_proc = _container_port(epp, next(p["targetPort"] for p in service["spec"]["ports"]
-                                         if p["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]))
+    ext_proc = _container_port(
+        epp,
+        next(
+            p["targetPort"]
+            for p in service["spec"]["ports"]
+            if p["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
+        ),
+    )
     metrics = int(_args(epp)["metrics-port"])
     for policies in (own, objects):  # the component's own rules suffice; with the base's, still allowed
         assert admits(policies, replicas, sidecar_ports, scrape_port, picker, NAMESPACE), "picker -> sidecar"
@@ -595,6 +688,7 @@ def test_network_policy_check_sees_a_closed_path():
 
 
 # --- the picker pod --------------------------------------------------------------------------
+
 
 def test_picker_pod_is_locked_down_and_pinned():
     _, deployment = _picker(gateway_objects())

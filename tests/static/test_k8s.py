@@ -24,10 +24,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from helpers import deployed
-from helpers.deployed import flag_value, loopback
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
+from tests.helpers import deployed
+from tests.helpers.deployed import flag_value, loopback
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -47,9 +47,15 @@ OVERLAYS: dict[str, dict[str, int]] = {
     "cpu": {},
 }
 ASCEND = [name for name in OVERLAYS if name.startswith("ascend-")]
-ENGINE_TAG = {"ascend-mindcluster": "ascend", "ascend-mindcluster-a3": "ascend-a3",
-              "ascend-mindcluster-volcano": "ascend", "ascend-hami": "ascend", "ascend-cce": "ascend",
-              "nvidia": "cuda", "cpu": "cpu"}
+ENGINE_TAG = {
+    "ascend-mindcluster": "ascend",
+    "ascend-mindcluster-a3": "ascend-a3",
+    "ascend-mindcluster-volcano": "ascend",
+    "ascend-hami": "ascend",
+    "ascend-cce": "ascend",
+    "nvidia": "cuda",
+    "cpu": "cpu",
+}
 # Resource names that are not accelerators.
 PLAIN_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
 # Oldest and newest Kubernetes the manifests claim (kubernetes-validate ships both offline).
@@ -75,6 +81,7 @@ SECRET_ENV = {  # container -> env name -> (secret key, optional)
 
 # --- rendering -------------------------------------------------------------------------------
 
+
 def _kubectl() -> None:
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl not installed (its built-in kustomize renders the manifests)")
@@ -86,7 +93,7 @@ def _kustomize(path: Path) -> tuple[dict, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(overlay: str, components: tuple[str, ...]) -> tuple[dict, ...]:
     target = K8S / "overlays" / overlay
     if not components:
@@ -94,12 +101,17 @@ def _render(overlay: str, components: tuple[str, ...]) -> tuple[dict, ...]:
     # A throw-away kustomization outside the repo stacks the components on the overlay;
     # kustomize wants relative paths.
     with tempfile.TemporaryDirectory(prefix="palmyra-k8s-") as tmp:
-        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": [os.path.relpath(target, tmp)],
-            "components": [os.path.relpath(K8S / c, tmp) for c in components],
-        }), encoding="utf-8")
+        (Path(tmp) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(target, tmp)],
+                    "components": [os.path.relpath(K8S / c, tmp) for c in components],
+                }
+            ),
+            encoding="utf-8",
+        )
         return _kustomize(Path(tmp))
 
 
@@ -143,6 +155,7 @@ TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps 
 
 # --- schemas ---------------------------------------------------------------------------------
 
+
 def _strict(schema: object) -> object:
     """A CRD schema with additionalProperties: false wherever it lists properties and does not
     preserve unknown fields: the API server prunes (drops) unknown fields silently, which is
@@ -151,8 +164,10 @@ def _strict(schema: object) -> object:
         return [_strict(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _strict(v) if k in ("items", "additionalProperties", "allOf", "anyOf", "oneOf", "not") else v
-           for k, v in schema.items()}
+    out = {
+        k: _strict(v) if k in ("items", "additionalProperties", "allOf", "anyOf", "oneOf", "not") else v
+        for k, v in schema.items()
+    }
     if "properties" in schema:
         out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
         if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
@@ -250,12 +265,15 @@ def test_kubernetes_validation_rejects_a_misspelled_field():
 def test_yamllint_passes_on_k8s():
     result = subprocess.run(
         [sys.executable, "-m", "yamllint", "--strict", "-c", str(K8S / ".yamllint.yaml"), str(K8S)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 # --- the pod ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_two_regular_containers_and_the_launcher_commands(overlay):
@@ -274,8 +292,10 @@ def test_two_regular_containers_and_the_launcher_commands(overlay):
     listens = sidecar_listens(spec)
     assert listens.host == "0.0.0.0" and listens.port == SIDECAR_PORT
     # Both listeners declared, the probe port apart from the client port.
-    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"http": SIDECAR_PORT,
-                                                                           "probes": listens.probe_port}
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {
+        "http": SIDECAR_PORT,
+        "probes": listens.probe_port,
+    }
     assert listens.probe_port not in (0, SIDECAR_PORT)
     assert fetch["image"] == engine["image"]
     assert engine["image"].rsplit(":", 1)[1] == ENGINE_TAG[overlay]
@@ -302,15 +322,20 @@ def _env(c: dict) -> dict[str, dict]:
 def test_settings_and_secrets_reach_the_right_containers(overlay):
     objects = render(overlay)
     spec, data = pod_spec(objects), config_data(objects)
-    config_name = next(o["metadata"]["name"] for o in objects
-                       if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("palmyra-serve-config"))
+    config_name = next(
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("palmyra-serve-config")
+    )
     assert all(key.startswith("PALMYRA_") for key in data)
     assert data["PALMYRA_MODEL_DIR"] == "/models/palmyra-mini"
     assert data["PALMYRA_SERVED_MODEL_NAME"] == "palmyra-mini"
     for name, wanted in SECRET_ENV.items():
         c = container(spec, name)
         assert [ref["configMapRef"]["name"] for ref in c["envFrom"]] == [config_name]
-        secrets = {k: v["valueFrom"]["secretKeyRef"] for k, v in _env(c).items() if "secretKeyRef" in v.get("valueFrom", {})}
+        secrets = {
+            k: v["valueFrom"]["secretKeyRef"] for k, v in _env(c).items() if "secretKeyRef" in v.get("valueFrom", {})
+        }
         assert {k: (v["key"], v.get("optional", False)) for k, v in secrets.items()} == wanted
         assert {v["name"] for v in secrets.values()} == {"palmyra-serve-secrets"}
     assert _env(container(spec, "sidecar"))["PALMYRA_ENGINE_URL"]["value"] == "http://127.0.0.1:8000"
@@ -347,8 +372,11 @@ def test_client_keys_are_a_required_secret_file_that_follows_rotation(overlay):
     secret = volume["secret"]
     assert secret["secretName"] == "palmyra-serve-secrets" and not secret.get("optional", False)
     assert {"key": "api-keys", "path": path.name} in secret["items"]
-    others = [c["name"] for c in spec["containers"] + spec.get("initContainers", [])
-              if any(m["name"] == mount["name"] for m in c.get("volumeMounts", [])) and c is not sidecar]
+    others = [
+        c["name"]
+        for c in spec["containers"] + spec.get("initContainers", [])
+        if any(m["name"] == mount["name"] for m in c.get("volumeMounts", [])) and c is not sidecar
+    ]
     assert others == [], f"the client keys are the sidecar's alone, not {others}'"
 
 
@@ -431,7 +459,9 @@ def test_volumes(overlay):
     assert "emptyDir" in volumes["model"]  # base: per-pod copy filled by fetch-model
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert "emptyDir" in volumes["cache"]
-    mounts = {c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"] + spec["initContainers"]}
+    mounts = {
+        c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in spec["containers"] + spec["initContainers"]
+    }
     assert mounts["engine"]["/dev/shm"]["name"] == "shm"
     assert mounts["engine"]["/cache"]["name"] == "cache"
     assert mounts["fetch-model"]["/models"].get("readOnly", False) is False
@@ -532,9 +562,14 @@ def sidecar_listens(spec: dict) -> Settings:
     return _settings(build_parser().parse_args(command[1:]))
 
 
-def _probe_ports(c: dict) -> list[object]:
-    return [probe[kind]["port"] for probe in (c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe"))
-            if probe for kind in ("httpGet", "tcpSocket", "grpc") if kind in probe]
+def _probe_ports(c: dict) -> list[int | str]:
+    return [
+        probe[kind]["port"]
+        for probe in (c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe"))
+        if probe
+        for kind in ("httpGet", "tcpSocket", "grpc")
+        if kind in probe
+    ]
 
 
 def assert_engine_only_inside_the_pod(spec: dict) -> None:
@@ -551,7 +586,8 @@ def assert_engine_only_inside_the_pod(spec: dict) -> None:
         # The kubelet probes the pod IP: a probe on the engine's port would never pass.
         named = sidecar_ports(spec)
         for probe_port in _probe_ports(c):
-            assert named.get(probe_port, probe_port) != port, f"{c['name']} probes the engine's port directly"
+            number = named.get(probe_port, probe_port) if isinstance(probe_port, str) else probe_port
+            assert number != port, f"{c['name']} probes the engine's port directly"
         # The engine key travels by environment only (argv is readable in /proc by everyone).
         assert not any("api-key" in str(a) for a in c.get("args", []) + c.get("command", [])), c["name"]
     # The sidecar reaches the engine over the shared loopback, on the port the engine listens on.
@@ -571,11 +607,13 @@ def test_engine_isolation_check_can_fail():
     faults = {
         "listens on every address": lambda s: container(s, "engine")["args"].__setitem__(3, "0.0.0.0"),
         "declares its port": lambda s: container(s, "engine").__setitem__(
-            "ports", [{"name": "engine-metrics", "containerPort": 8000}]),
+            "ports", [{"name": "engine-metrics", "containerPort": 8000}]
+        ),
         "probed on its port": lambda s: container(s, "engine")["livenessProbe"]["httpGet"].__setitem__("port", 8000),
         "key on argv": lambda s: container(s, "engine")["args"].extend(["--api-key", "k"]),
         "sidecar aims elsewhere": lambda s: _env(container(s, "sidecar"))["PALMYRA_ENGINE_URL"].__setitem__(
-            "value", "http://engine:8000"),
+            "value", "http://engine:8000"
+        ),
         "host network": lambda s: s.__setitem__("hostNetwork", True),
     }
     for what, fault in faults.items():
@@ -627,7 +665,8 @@ def test_network_policy_check_can_fail():
     assert_policy_admits_only_the_sidecar(good, DNS_EGRESS | DOWNLOAD_EGRESS)
     faults = {
         "engine port from monitoring": lambda p: p["ingress"].append(
-            {"from": [{"namespaceSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]}),
+            {"from": [{"namespaceSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]}
+        ),
         "a rule for every port": lambda p: p["ingress"].append({"from": [{"podSelector": {}}]}),
         "egress not restricted": lambda p: p.__setitem__("policyTypes", ["Ingress"]),
         "egress to any port": lambda p: p["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}),

@@ -7,13 +7,14 @@ one autoscaler scales, on the sidecars' demand."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 
 import pytest
 import yaml
-from test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, container, one, pod_spec, render, sidecar_listens
+
+from tests.helpers.modules import load_module
+from tests.static.test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
@@ -23,19 +24,12 @@ JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
 LABEL_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 
-def _load(name: str, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _generator():
-    return _load("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
+    return load_module("render_prometheusrule", K8S / "monitoring" / "render_prometheusrule.py")
 
 
 def _dashboard_generator():
-    return _load("k8s_generate_dashboards", REPO / "monitoring" / "grafana" / "generate_dashboards.py")
+    return load_module("k8s_generate_dashboards", REPO / "monitoring" / "grafana" / "generate_dashboards.py")
 
 
 def _rules() -> dict:
@@ -45,6 +39,7 @@ def _rules() -> dict:
 
 
 # --- alert rules ---------------------------------------------------------------------------
+
 
 def test_committed_prometheusrule_is_what_the_generator_writes_now():
     _rules()
@@ -59,7 +54,7 @@ def test_rendered_prometheusrule_groups_equal_the_rules_file(overlay):
     rendered = one(render(overlay), "PrometheusRule")["spec"]["groups"]
     expected = _rules()["groups"]
     assert [g["name"] for g in rendered] == [g["name"] for g in expected]
-    for got, want in zip(rendered, expected):
+    for got, want in zip(rendered, expected, strict=True):
         assert got == want, f"group {want['name']} differs"
 
 
@@ -76,6 +71,7 @@ def test_generator_check_mode_detects_a_stale_file(tmp_path, monkeypatch):
 
 # --- dashboards ----------------------------------------------------------------------------
 
+
 def test_every_dashboard_file_is_generated_into_a_configmap():
     """Every generated dashboard becomes a ConfigMap, read from the copy inside the component's
     root (kustomize's default load restrictor refuses ../../monitoring)."""
@@ -83,7 +79,8 @@ def test_every_dashboard_file_is_generated_into_a_configmap():
     kustomization = yaml.safe_load((root / "kustomization.yaml").read_text(encoding="utf-8"))
     listed = {
         (root / f.split("=", 1)[-1]).resolve()
-        for gen in kustomization.get("configMapGenerator", []) for f in gen.get("files", [])
+        for gen in kustomization.get("configMapGenerator", [])
+        for f in gen.get("files", [])
     }
     assert all(path.is_relative_to(root) for path in listed), f"files outside {root}: {sorted(listed)}"
     assert {p.name for p in listed} == {p.name for p in DASHBOARDS.glob("*.json")}
@@ -115,8 +112,11 @@ def test_dashboard_generator_check_mode_detects_a_stale_k8s_copy(tmp_path, monke
 
 @pytest.mark.parametrize("overlay", MONITORED)
 def test_dashboard_configmaps_carry_the_compose_json(overlay):
-    maps = [o for o in render(overlay) if o["kind"] == "ConfigMap"
-            and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    maps = [
+        o
+        for o in render(overlay)
+        if o["kind"] == "ConfigMap" and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+    ]
     rendered = {key: json.loads(text) for m in maps for key, text in m["data"].items()}
     expected = {p.name: json.loads(p.read_text(encoding="utf-8")) for p in DASHBOARDS.glob("*.json")}
     assert rendered == expected
@@ -146,12 +146,21 @@ def pod_monitor_target(objects: list[dict]) -> dict[str, str]:
     then the monitor's own relabelings)."""
     monitor = one(objects, "PodMonitor")
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
-    owners = [(c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"]
-              for p in c.get("ports", []) if p.get("name") == endpoint["port"]]
+    owners = [
+        (c["name"], p["containerPort"])
+        for c in pod_spec(objects)["containers"]
+        for p in c.get("ports", [])
+        if p.get("name") == endpoint["port"]
+    ]
     assert len(owners) == 1, f"port {endpoint['port']!r} is declared by {owners}"
     [(owner, port)] = owners
-    labels = {"namespace": NAMESPACE, "pod": "palmyra-serve-7d9f8b6c5-x2x4q", "container": owner,
-              "job": f"{NAMESPACE}/{monitor['metadata']['name']}", "endpoint": endpoint["port"]}
+    labels = {
+        "namespace": NAMESPACE,
+        "pod": "palmyra-serve-7d9f8b6c5-x2x4q",
+        "container": owner,
+        "job": f"{NAMESPACE}/{monitor['metadata']['name']}",
+        "endpoint": endpoint["port"],
+    }
     labels = _relabel(labels, endpoint.get("relabelings", []))
     return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
 
@@ -163,10 +172,17 @@ def service_monitor_target(objects: list[dict]) -> dict[str, str]:
     [endpoint] = monitor["spec"]["endpoints"]
     [svc_port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
     target = svc_port["targetPort"]
-    ports = {p["name"]: (c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"] for p in c.get("ports", [])}
+    ports = {
+        p["name"]: (c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"] for p in c.get("ports", [])
+    }
     owner, port = ports[target] if isinstance(target, str) else next(v for v in ports.values() if v[1] == target)
-    labels = {"namespace": NAMESPACE, "pod": "palmyra-serve-7d9f8b6c5-x2x4q", "container": owner,
-              "job": service["metadata"]["name"], "endpoint": endpoint["port"]}
+    labels = {
+        "namespace": NAMESPACE,
+        "pod": "palmyra-serve-7d9f8b6c5-x2x4q",
+        "container": owner,
+        "job": service["metadata"]["name"],
+        "endpoint": endpoint["port"],
+    }
     labels = _relabel(labels, endpoint.get("relabelings", []))
     return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
 
@@ -182,7 +198,9 @@ def assert_monitors_scrape_through_the_sidecar(objects: list[dict], rules: dict,
     assert sidecar_target["__path__"] == "/metrics"
     # The engine's series are labelled as the engine's, under the jobs the shared rules watch.
     assert engine_target["container"] == "engine", engine_target
-    matchers = {m for group in rules["groups"] for rule in group["rules"] for m in JOB_MATCHER.findall(str(rule["expr"]))}
+    matchers = {
+        m for group in rules["groups"] for rule in group["rules"] for m in JOB_MATCHER.findall(str(rule["expr"]))
+    }
     assert matchers, "the rules file no longer selects jobs: update this test"
     jobs = {"engine": engine_target["job"], "sidecar": sidecar_target["job"]}
     for matcher in matchers:
@@ -191,8 +209,9 @@ def assert_monitors_scrape_through_the_sidecar(objects: list[dict], rules: dict,
         assert any(re.fullmatch(m, job) for m in matchers), f"no rule watches the {which} job {job}"
     # The autoscaler's query selects the sidecar target's series (its demand) by their labels.
     if keda_query is not None:
-        selected = {name: (op, value) for name, op, value in LABEL_MATCHER.findall(keda_query)
-                    if name in sidecar_target}
+        selected = {
+            name: (op, value) for name, op, value in LABEL_MATCHER.findall(keda_query) if name in sidecar_target
+        }
         assert selected, keda_query
         for name, (op, value) in selected.items():
             hit = re.fullmatch(value, sidecar_target[name]) if "~" in op else value == sidecar_target[name]
@@ -220,10 +239,12 @@ def test_monitor_check_can_fail():
 
     faults = {
         "the engine's own /metrics path": lambda o: endpoint(o).__setitem__("path", "/metrics"),
-        "no container relabeling (the engine's series labelled as the sidecar's)":
-            lambda o: endpoint(o).__setitem__("relabelings", []),
+        "no container relabeling (the engine's series labelled as the sidecar's)": lambda o: endpoint(o).__setitem__(
+            "relabelings", []
+        ),
         "a job the rules do not watch": lambda o: endpoint(o)["relabelings"].append(
-            {"action": "replace", "targetLabel": "job", "replacement": "vllm"}),
+            {"action": "replace", "targetLabel": "job", "replacement": "vllm"}
+        ),
         "a port the pod does not declare": lambda o: endpoint(o).__setitem__("port", "engine-metrics"),
     }
     for what, fault in faults.items():
@@ -234,13 +255,16 @@ def test_monitor_check_can_fail():
         print(f"caught: {what}")
     # The KEDA query itself is checked too: one that selects another job than the sidecars' misses.
     objects = copy.deepcopy(good)
-    assert 'job="palmyra-sidecar"' in _keda_query(objects)
+    query = _keda_query(objects)
+    assert query is not None and 'job="palmyra-sidecar"' in query
     with pytest.raises(AssertionError):
         assert_monitors_scrape_through_the_sidecar(
-            objects, rules, _keda_query(objects).replace('job="palmyra-sidecar"', 'job="palmyra-engine"'))
+            objects, rules, query.replace('job="palmyra-sidecar"', 'job="palmyra-engine"')
+        )
 
 
 # --- autoscaling ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("overlay", "components"), TARGETS, ids=TARGET_IDS)
 def test_exactly_one_autoscaler_scales_on_the_sidecars_demand(overlay, components):
@@ -273,5 +297,10 @@ def test_overlays_with_monitoring_also_autoscale_with_keda():
         kinds = {o["kind"] for o in render(overlay)}
         assert {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds, overlay
     # The CPU overlay stays on built-in kinds, so it applies to a bare kind/minikube cluster.
-    assert {o["apiVersion"].split("/")[0] for o in render("cpu")} <= {"v1", "apps", "policy", "autoscaling",
-                                                                    "networking.k8s.io"}
+    assert {o["apiVersion"].split("/")[0] for o in render("cpu")} <= {
+        "v1",
+        "apps",
+        "policy",
+        "autoscaling",
+        "networking.k8s.io",
+    }

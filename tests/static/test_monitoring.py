@@ -10,13 +10,14 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
 
-from helpers.markdown import github_slug
-from helpers.modules import load_module
-from helpers.waiting import wait_until
+from tests.helpers.markdown import github_slug
+from tests.helpers.modules import load_module
+from tests.helpers.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -29,46 +30,80 @@ RUNBOOK_PREFIX = "{{ $externalLabels.runbook_base_url }}#"
 TEST_BASE_URL = "https://runbooks.example/palmyra.md"
 
 EXPECTED_ALERTS = {
-    "PalmyraReplicaNotReady", "PalmyraEngineDown", "PalmyraWarmupFailing", "PalmyraTTFTHigh",
-    "PalmyraInterTokenLatencyHigh", "PalmyraErrorRatioHigh", "PalmyraQueueDepthSustained",
-    "PalmyraKVCacheNearFull", "PalmyraPreemptionSpike", "PalmyraOverloadRejections", "PalmyraNPUUnhealthy",
+    "PalmyraReplicaNotReady",
+    "PalmyraEngineDown",
+    "PalmyraWarmupFailing",
+    "PalmyraTTFTHigh",
+    "PalmyraInterTokenLatencyHigh",
+    "PalmyraErrorRatioHigh",
+    "PalmyraQueueDepthSustained",
+    "PalmyraKVCacheNearFull",
+    "PalmyraPreemptionSpike",
+    "PalmyraOverloadRejections",
+    "PalmyraNPUUnhealthy",
     "PalmyraSidecarFaults",
 }
 # vLLM renamed these; a dashboard may join old and new name with `or` (no data is invented).
-RENAMED = [("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-           ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")]
+RENAMED = [
+    ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+]
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s"}
 DASHBOARD_FILES = ["palmyra-service.json", "palmyra-engine.json", "palmyra-npu.json"]
 
 # What each dashboard must show (from the contract's metric tables and npu-exporter's names).
 REQUIRED_METRICS = {
     "palmyra-service.json": [
-        "palmyra_requests_total", "palmyra_request_duration_seconds_bucket",
-        "palmyra_time_to_first_token_seconds_bucket", "palmyra_inter_token_latency_seconds_bucket",
-        "palmyra_output_tokens_total", "palmyra_prompt_tokens_total", "palmyra_in_flight_requests",
-        "palmyra_queued_requests", "palmyra_rejections_total", "palmyra_upstream_errors_total", "palmyra_ready",
-        "palmyra_engine_live", "palmyra_warmup_phase", "palmyra_warmup_duration_seconds",
-        "palmyra_warmup_runs_total", "palmyra_canary_latency_seconds_bucket", "palmyra_canary_failures_total",
+        "palmyra_requests_total",
+        "palmyra_request_duration_seconds_bucket",
+        "palmyra_time_to_first_token_seconds_bucket",
+        "palmyra_inter_token_latency_seconds_bucket",
+        "palmyra_output_tokens_total",
+        "palmyra_prompt_tokens_total",
+        "palmyra_in_flight_requests",
+        "palmyra_queued_requests",
+        "palmyra_rejections_total",
+        "palmyra_upstream_errors_total",
+        "palmyra_ready",
+        "palmyra_engine_live",
+        "palmyra_warmup_phase",
+        "palmyra_warmup_duration_seconds",
+        "palmyra_warmup_runs_total",
+        "palmyra_canary_latency_seconds_bucket",
+        "palmyra_canary_failures_total",
         "palmyra_startup_phase_seconds",
         "palmyra_stand_in_weights",
     ],
     "palmyra-engine.json": [
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-        "vllm:time_per_output_token_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
-        "vllm:request_prefill_time_seconds_bucket", "vllm:request_decode_time_seconds_bucket",
-        "vllm:request_prompt_tokens_bucket", "vllm:request_generation_tokens_bucket",
-        "vllm:request_success_total", "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_prefill_time_seconds_bucket",
+        "vllm:request_decode_time_seconds_bucket",
+        "vllm:request_prompt_tokens_bucket",
+        "vllm:request_generation_tokens_bucket",
+        "vllm:request_success_total",
+        "vllm:e2e_request_latency_seconds_bucket",
     ],
     "palmyra-npu.json": [
-        "npu_chip_info_utilization", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory",
-        "npu_chip_info_temperature", "npu_chip_info_power", "npu_chip_info_health_status",
+        "npu_chip_info_utilization",
+        "npu_chip_info_hbm_used_memory",
+        "npu_chip_info_hbm_total_memory",
+        "npu_chip_info_temperature",
+        "npu_chip_info_power",
+        "npu_chip_info_health_status",
     ],
 }
-
-
 
 
 dq = load_module("palmyra_dashboard_queries", MON / "dashboard_queries.py")
@@ -114,7 +149,8 @@ def test_promtool_unit_tests_pass():
 
 
 def test_unit_tests_cover_every_alert_firing_and_silent():
-    fires, silent = set(), set()
+    fires: set[str] = set()
+    silent: set[str] = set()
     for case in _yaml(UNIT_TESTS)["tests"]:
         for t in case.get("alert_rule_test", []):
             (fires if t.get("exp_alerts") else silent).add(t["alertname"])
@@ -150,8 +186,11 @@ def test_prometheus_config_jobs_rules_and_runbook_base():
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     targets = {name: j["static_configs"][0]["targets"] for name, j in jobs.items()}
     # The engine listens on loopback only: its page comes through the sidecar's /engine/metrics.
-    assert targets == {"palmyra-sidecar": ["sidecar:8080"], "palmyra-engine": ["sidecar:8080"],
-                       "npu-exporter": ["npu-exporter:8082"]}
+    assert targets == {
+        "palmyra-sidecar": ["sidecar:8080"],
+        "palmyra-engine": ["sidecar:8080"],
+        "npu-exporter": ["npu-exporter:8082"],
+    }
     paths = {name: j.get("metrics_path", "/metrics") for name, j in jobs.items()}
     assert paths == {"palmyra-sidecar": "/metrics", "palmyra-engine": "/engine/metrics", "npu-exporter": "/metrics"}
     matched = [p for pattern in cfg["rule_files"] for p in PROM_DIR.glob(pattern)]
@@ -164,7 +203,9 @@ def test_slo_constants_agree_between_rules_and_dashboard():
     service = dq.load("palmyra-service.json")
     variables = {v["name"]: v for v in service["templating"]["list"]}
     for var, record in (("ttft_slo", "palmyra:slo_ttft_p99_seconds"), ("itl_slo", "palmyra:slo_itl_p99_seconds")):
-        constant = re.fullmatch(r"vector\(([\d.]+)\)", _recorded(record)["expr"].strip()).group(1)
+        vector = re.fullmatch(r"vector\(([\d.]+)\)", _recorded(record)["expr"].strip())
+        assert vector, f"{record} is a constant vector(...)"
+        constant = vector.group(1)
         assert variables[var]["type"] in {"textbox", "constant"}
         assert float(variables[var]["query"]) == float(constant), var
 
@@ -227,8 +268,9 @@ def test_dashboard_structure(name):
             assert not re.search(r"\bor\s+on\s*\(", expr), f"{p['title']}: `or on()` fills missing data in"
             assert not re.search(r"\bor\s+[\d.]", expr), f"{p['title']}: `or <number>` fills missing data in"
             if re.search(r"\bor\b", expr):
-                assert any(new in expr and old in expr for new, old in RENAMED), \
+                assert any(new in expr and old in expr for new, old in RENAMED), (
                     f"{p['title']}: `or` is allowed only to join a renamed vLLM metric: {expr}"
+                )
             used |= dq.variables_used(expr)
     for v in variables.values():
         if v["type"] == "query":
@@ -268,9 +310,9 @@ def mark_unhealthy(page: str, chip: str) -> str:
 
 
 class _Exporter(BaseHTTPRequestHandler):
-    pages: dict[str, bytes] = {}
+    pages: ClassVar[dict[str, bytes]] = {}  # shared on purpose: the test sets the pages every handler serves
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         body = self.pages.get(self.path)
         self.send_response(200 if body else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -296,12 +338,16 @@ def npu_prometheus(data_dir):
         _yaml(PROM_DIR / "prometheus.yml"),
         {"npu-exporter": [addr], "npu-exporter-faulty": [addr]},
         extra_jobs=[{"job_name": "npu-exporter-faulty", "metrics_path": "/faulty/metrics"}],
-        external_labels={"runbook_base_url": TEST_BASE_URL})
+        external_labels={"runbook_base_url": TEST_BASE_URL},
+    )
     prom = local_prometheus.LocalPrometheus(cfg)
     try:
         prom.start()
-        wait_until(lambda: prom.targets_up() == {"npu-exporter": True, "npu-exporter-faulty": True}, 30,
-              "both npu-exporter targets up")
+        wait_until(
+            lambda: prom.targets_up() == {"npu-exporter": True, "npu-exporter-faulty": True},
+            30,
+            "both npu-exporter targets up",
+        )
         wait_until(lambda: _values(prom, "count(npu_chip_info_health_status)") == [16.0], 30, "16 chips scraped")
         yield prom
     finally:
@@ -321,8 +367,7 @@ def _values(prom, expr: str) -> list[float]:
 
 def test_every_dashboard_query_parses_in_prometheus(npu_prometheus):
     # Prometheus has no offline PromQL parser CLI: its query API is the parser.
-    values = {"instance": ".*", "model": ".*", "npu": ".*", "ttft_slo": "2", "itl_slo": "0.25",
-              "__rate_interval": "1m"}
+    values = {"instance": ".*", "model": ".*", "npu": ".*", "ttft_slo": "2", "itl_slo": "0.25", "__rate_interval": "1m"}
     checked = 0
     for name in DASHBOARD_FILES:
         d = dq.load(name)
@@ -359,6 +404,7 @@ def test_alert_rules_load_and_evaluate_ok(npu_prometheus):
         groups = npu_prometheus.api("rules")["data"]["groups"]
         flat = [r for g in groups for r in g["rules"]]
         return flat if flat and all(r["health"] == "ok" for r in flat) else None
+
     flat = wait_until(rules, 30, "every rule evaluated with health ok")
     assert {r["name"] for r in flat if r["type"] == "alerting"} == EXPECTED_ALERTS
     assert len(flat) == sum(len(g["rules"]) for g in _yaml(RULES)["groups"])
@@ -368,10 +414,12 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
     def pending():
         alerts = npu_prometheus.api("alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == "PalmyraNPUUnhealthy"]
+
     alerts = wait_until(pending, 30, "PalmyraNPUUnhealthy to become active")
     # only the chip marked unhealthy, not the 15 healthy ones; `for: 2m` holds it in pending
-    assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == \
-        [("npu-exporter-faulty", "3", "pending")]
+    assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == [
+        ("npu-exporter-faulty", "3", "pending")
+    ]
     assert alerts[0]["annotations"]["runbook_url"] == TEST_BASE_URL + "#palmyranpuunhealthy"
 
 
@@ -380,8 +428,9 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
 # A stand-in sidecar's two pages (one series each, in the exposition format the real ones use);
 # the same path against the real sidecar and vLLM is tests/engine/test_prometheus_live.py.
 SIDECAR_PAGE = b"# TYPE palmyra_ready gauge\npalmyra_ready 1\n"
-ENGINE_PAGE = (b"# TYPE vllm:num_requests_waiting gauge\n"
-               b'vllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 3\n')
+ENGINE_PAGE = (
+    b'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 3\n'
+)
 ENGINE_JOB = re.compile(r'up\{job=~"([^"]*palmyra-engine)"\}')
 
 
@@ -398,10 +447,16 @@ def test_local_prometheus_scrapes_the_engine_page_through_the_sidecar():
     cfg = local_prometheus.render_config(_yaml(PROM_DIR / "prometheus.yml"), local_prometheus.scrape_targets([addr]))
     try:
         with local_prometheus.LocalPrometheus(cfg) as prom:
-            wait_until(lambda: prom.targets_up() == {"palmyra-sidecar": True, "palmyra-engine": True}, 30,
-                       "the sidecar scraped under both jobs")
-            wait_until(lambda: _values(prom, 'vllm:num_requests_waiting{job="palmyra-engine"}') == [3.0], 30,
-                       "the engine's series under the engine job")
+            wait_until(
+                lambda: prom.targets_up() == {"palmyra-sidecar": True, "palmyra-engine": True},
+                30,
+                "the sidecar scraped under both jobs",
+            )
+            wait_until(
+                lambda: _values(prom, 'vllm:num_requests_waiting{job="palmyra-engine"}') == [3.0],
+                30,
+                "the engine's series under the engine job",
+            )
             assert _values(prom, f'up{{job=~"{engine_job}", instance="{addr}"}}') == [1.0]
             assert _values(prom, 'palmyra_ready{job="palmyra-sidecar"}') == [1.0]
             # Each job holds its own page only.

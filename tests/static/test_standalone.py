@@ -33,7 +33,7 @@ def _rows() -> dict[str, dict[str, str]]:
     for line in lines[2:]:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert len(cells) == len(header), f"malformed row: {line}"
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
     return rows
 
 
@@ -65,13 +65,22 @@ def test_vendored_file_is_the_published_copy_with_provenance(name):
 
 
 def _repository_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     if listed.returncode == 0:
         names = [n for n in listed.stdout.split("\0") if n]
     else:  # an export without .git
-        names = [p.relative_to(REPO).as_posix() for p in REPO.rglob("*")
-                 if p.is_file() and not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
+        names = [
+            p.relative_to(REPO).as_posix()
+            for p in REPO.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+        ]
     return [REPO / n for n in names if Path(n).suffix in TEXT_SUFFIXES and (REPO / n).is_file()]
 
 
@@ -82,6 +91,8 @@ def test_no_file_reads_beside_the_repository():
         if path.resolve() == me:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        offenders += [f"{path.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
-                      for m in BESIDE.finditer(text)]
+        offenders += [
+            f"{path.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+            for m in BESIDE.finditer(text)
+        ]
     assert not offenders, "a clone has nothing beside it; vendor into tests/data instead:\n" + "\n".join(offenders)

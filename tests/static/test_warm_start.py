@@ -10,10 +10,11 @@ import re
 from pathlib import PurePosixPath
 
 import pytest
-from test_autoscaling import hpa, scaledobject
-from test_containers import parse_dockerfile
-from test_containers_compose import COMPOSE, env_of, load, volume_targets
-from test_k8s import OVERLAYS, REPO, container, pod_spec, render
+
+from tests.static.test_autoscaling import hpa, scaledobject
+from tests.static.test_containers import parse_dockerfile
+from tests.static.test_containers_compose import COMPOSE, env_of, load, volume_targets
+from tests.static.test_k8s import OVERLAYS, REPO, container, pod_spec, render
 
 # What a restart reuses (benchmarks/results/startup.md): vLLM's cache (model info; its AOT compile
 # cache where that loads back), inductor's compiled kernels, Triton's, and the temp directory,
@@ -54,6 +55,7 @@ def sizing_t() -> int:
 
 # --- the caches are on the cache volume --------------------------------------------------------
 
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_restart_caches_are_on_the_cache_volume_in_every_overlay(overlay):
     spec = pod_spec(render(overlay))
@@ -93,6 +95,7 @@ def test_the_cache_check_can_fail():
 
 
 # --- sized by the measured time to ready --------------------------------------------------------
+
 
 def test_committed_measurement_has_cold_and_warm_runs_of_both_stand_ins():
     data = measured()

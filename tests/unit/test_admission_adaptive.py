@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from helpers.clock import FakeClock
 from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_TIMEOUT,
@@ -18,6 +17,7 @@ from palmyra_serve.sidecar.admission.limit import (
     LimitConfig,
 )
 from palmyra_serve.sidecar.admission.protocol import Draining, Refused
+from tests.helpers.clock import FakeClock
 
 
 def admission(limit: int = 2, ttft_slo_s: float = 0.3, clock=time.monotonic) -> AdaptiveAdmission:

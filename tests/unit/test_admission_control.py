@@ -60,8 +60,9 @@ def test_the_ceiling_comes_from_the_engine_and_the_limit_starts_at_half_of_it() 
 
 def test_a_limit_that_already_moved_keeps_its_value_under_a_new_ceiling() -> None:
     # 2 097 152 KV tokens / 131 072 a request: the engine's ceiling will be 16, below the 128 it starts under.
-    settings = Settings(platform="cpu", admission_kv_tokens_per_request=131072, admission_window_s=0,
-                        auth_disabled=True)
+    settings = Settings(
+        platform="cpu", admission_kv_tokens_per_request=131072, admission_window_s=0, auth_disabled=True
+    )
     plan = AdmissionPlan.of(settings)
 
     async def moved() -> AdmissionControl:
@@ -115,6 +116,7 @@ def test_admission_hands_slots_in_fifo_order_and_bounds_the_queue():
         await asyncio.gather(*tasks)
         adm.release()
         assert order == ["a", "b"] and adm.in_flight == 0 and adm.queued == 0
+
     asyncio.run(scenario())
 
 
@@ -133,6 +135,7 @@ def test_admission_queue_timeout_and_drain():
         assert not drained.done()
         adm.release()
         assert await drained is True
+
     asyncio.run(scenario())
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers.clock import FakeClock
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -25,6 +24,7 @@ from palmyra_serve.sidecar.admission.limit import (
     Ticket,
     quantile,
 )
+from tests.helpers.clock import FakeClock
 
 TOKENS = 64
 
@@ -152,11 +152,11 @@ def test_limit_settles_where_the_engine_meets_the_slo() -> None:
     gate, clock = make(ceiling=128, initial_limit=4)
     sim = Sim(gate, clock, batch_bound)
     sim.run(rate=100, seconds=90)
-    settled = sim.limits[len(sim.limits) // 2:]
+    settled = sim.limits[len(sim.limits) // 2 :]
     assert max(sim.limits) <= 128
     assert gate.config.min_limit <= min(settled) and max(settled) <= 30, (min(settled), max(settled))
-    good = sum(t <= 2.0 for t in sim.client_ttfts[len(sim.client_ttfts) // 2:])
-    assert good / len(sim.client_ttfts[len(sim.client_ttfts) // 2:]) > 0.95
+    good = sum(t <= 2.0 for t in sim.client_ttfts[len(sim.client_ttfts) // 2 :])
+    assert good / len(sim.client_ttfts[len(sim.client_ttfts) // 2 :]) > 0.95
 
 
 def test_limit_stays_between_floor_and_ceiling_whatever_the_latency() -> None:
@@ -174,8 +174,9 @@ def test_queue_wait_is_bounded_by_what_the_ttft_slo_leaves() -> None:
     sim.run(rate=60, seconds=40)  # far more than 16 streams of ~1 s can serve
     assert sim.queue_waits, "some requests waited"
     assert max(sim.queue_waits) <= 2.0
-    assert sum(t <= 2.0 for t in sim.client_ttfts) / len(sim.client_ttfts) > 0.95, \
+    assert sum(t <= 2.0 for t in sim.client_ttfts) / len(sim.client_ttfts) > 0.95, (
         "what is admitted is served within the TTFT SLO"
+    )
     reasons = {r for r, _ in sim.refusals}
     assert SLO_UNREACHABLE in reasons, "the excess is refused on arrival"
 
@@ -222,9 +223,11 @@ def test_a_queued_request_gets_a_deadline_within_the_slo_and_retry_after_reflect
     assert queued and refused
     assert all(d.deadline is not None and d.deadline - clock.now <= max_wait + 1e-9 for d in queued)
     # Admitted to the queue while (position / mu) <= max_wait; refused beyond.
-    assert len(queued) == int(max_wait * gate.service_rate())
+    mu = gate.service_rate()
+    assert mu is not None, "measured from the admissions above"
+    assert len(queued) == int(max_wait * mu)
     assert {d.reason for d in refused} == {SLO_UNREACHABLE}
-    expected = max(1, -int(-((len(queued) + 1) / gate.service_rate() - max_wait) // 1))
+    expected = max(1, -int(-((len(queued) + 1) / mu - max_wait) // 1))
     assert refused[0].retry_after_s == expected
 
 
@@ -311,7 +314,7 @@ def test_a_raise_that_buys_no_throughput_is_undone() -> None:
     gate, clock = make(ceiling=128, initial_limit=8, window_s=0.5)
     sim = Sim(gate, clock, knee)
     sim.run(rate=400, seconds=120)
-    settled = sim.limits[len(sim.limits) // 2:]
+    settled = sim.limits[len(sim.limits) // 2 :]
     assert max(sim.limits) >= 16, "slow start climbs while the rate rises"
     assert max(settled) <= 40, f"held near the knee (16), not at the SLO's bound (~74): {max(settled)}"
     assert not gate.limiter.slow_start

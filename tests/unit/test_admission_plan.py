@@ -12,8 +12,16 @@ CACHE_LABELS = capacity.cache_config('vllm:cache_config_info{block_size="128",nu
 
 
 def test_fixed_mode_is_the_manual_settings_and_gates_every_route() -> None:
-    plan = AdmissionPlan.of(Settings(_env_file=None, admission_mode="fixed", max_in_flight=7, max_queue=3,
-                                     queue_timeout_s=4.0, admission_max_limit=99))
+    plan = AdmissionPlan.of(
+        Settings(
+            _env_file=None,
+            admission_mode="fixed",
+            max_in_flight=7,
+            max_queue=3,
+            queue_timeout_s=4.0,
+            admission_max_limit=99,
+        )
+    )
     assert plan.fixed and plan.gate_all
     assert (plan.ceiling, plan.floor, plan.start, plan.max_queue, plan.queue_timeout_s) == (7, 7, 7, 3, 4.0)
     assert not plan.ceiling_from_engine, "the adaptive settings do not apply"

@@ -13,7 +13,6 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.clock import FakeClock
 from palmyra_serve.sidecar.admission.limit import (
     AdaptiveLimit,
     ConcurrencyGate,
@@ -21,6 +20,7 @@ from palmyra_serve.sidecar.admission.limit import (
     Ticket,
     sample,
 )
+from tests.helpers.clock import FakeClock
 
 # Durations: the hostile ones (0, tiny, huge, NaN, +-inf, negative) as often as ordinary ones.
 hostile = st.one_of(

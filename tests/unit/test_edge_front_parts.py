@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from helpers import deployed
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors, memory_budget
 from palmyra_serve.sidecar.edge.protocol import raw_response
 from palmyra_serve.sidecar.relay.auth import ApiKeys, AuthConfigError, validate_engine_key
 from palmyra_serve.sidecar.relay.cost import CostLimits, as_int, check
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED
+from tests.helpers import deployed
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 
@@ -26,8 +25,16 @@ def refusal(payload: dict, chat: bool = False) -> errors.ApiError | None:
     return None
 
 
-@pytest.mark.parametrize(("value", "read"), [(1000, 1000), ("1000", 1000), (1000.0, 1000), ("1_000", 1000),
-                                             (" 12 ", 12), (True, 1), (None, None)])
+def refused(payload: dict, chat: bool = False) -> errors.ApiError:
+    exc = refusal(payload, chat)
+    assert exc is not None, f"not refused: {payload}"
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [(1000, 1000), ("1000", 1000), (1000.0, 1000), ("1_000", 1000), (" 12 ", 12), (True, 1), (None, None)],
+)
 def test_integers_are_read_the_way_pydantic_reads_them(value, read):
     assert as_int({"max_tokens": value}, "max_tokens") == read
 
@@ -43,23 +50,23 @@ def test_caps_apply_after_coercion():
         exc = refusal({"max_tokens": spelling})
         assert exc is not None and exc.code == "max_tokens_too_large"
     assert refusal({"max_tokens": "512", "max_completion_tokens": 512.0, "min_tokens": "1"}) is None
-    assert refusal({"n": 16384}).code == "parameter_too_large"
-    assert refusal({"best_of": "9"}).param == "best_of"
-    assert refusal({"n": 0}).code == "invalid_parameter"
+    assert refused({"n": 16384}).code == "parameter_too_large"
+    assert refused({"best_of": "9"}).param == "best_of"
+    assert refused({"n": 0}).code == "invalid_parameter"
     assert refusal({"n": 8, "use_beam_search": True}) is None
-    assert refusal({"logprobs": 21}).param == "logprobs"
-    assert refusal({"logprobs": -1}).code == "invalid_parameter"  # vLLM reads -1 as the whole vocabulary
-    assert refusal({"top_logprobs": 21}, chat=True).param == "top_logprobs"
+    assert refused({"logprobs": 21}).param == "logprobs"
+    assert refused({"logprobs": -1}).code == "invalid_parameter"  # vLLM reads -1 as the whole vocabulary
+    assert refused({"top_logprobs": 21}, chat=True).param == "top_logprobs"
     assert refusal({"logprobs": True, "top_logprobs": 5, "messages": []}, chat=True) is None
-    assert refusal({"logprob_token_ids": list(range(21))}).param == "logprob_token_ids"
-    assert refusal({"max_tokens": 10**30}).code == "max_tokens_too_large"
+    assert refused({"logprob_token_ids": list(range(21))}).param == "logprob_token_ids"
+    assert refused({"max_tokens": 10**30}).code == "max_tokens_too_large"
 
 
 def test_a_list_of_prompts_counts_as_that_many_sequences():
     assert refusal({"prompt": ["a"] * 8}) is None
-    assert refusal({"prompt": ["a"] * 9}).param == "prompt"
+    assert refused({"prompt": ["a"] * 9}).param == "prompt"
     assert refusal({"prompt": [[1, 2]] * 4, "n": 2}) is None
-    assert refusal({"prompt": [[1, 2]] * 4, "n": 3}).param == "prompt"
+    assert refused({"prompt": [[1, 2]] * 4, "n": 3}).param == "prompt"
     assert refusal({"prompt": list(range(5000)), "n": 8}) is None  # one prompt of token ids
 
 
@@ -71,8 +78,8 @@ def test_chat_roles():
     for bad in ("wizard", "USER", "", None, 1, ["user"], {"r": 1}):
         exc = roles("user", bad)
         assert exc is not None and exc.code == "invalid_role"
-    assert refusal({"messages": "hi"}, chat=True).code == "invalid_parameter"
-    assert refusal({"messages": ["hi"]}, chat=True).code == "invalid_parameter"
+    assert refused({"messages": "hi"}, chat=True).code == "invalid_parameter"
+    assert refused({"messages": ["hi"]}, chat=True).code == "invalid_parameter"
 
 
 def test_relayed_routes_are_exact_paths_apart_from_the_control_app():

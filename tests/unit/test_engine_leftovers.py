@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.waiting import wait_until
 from palmyra_serve import up
 from palmyra_serve.engine import process_tree
+from tests.helpers.waiting import wait_until
 
 # The API server's stand-in. argv: pid file, then what to start and how to end. Children: `group`
 # stays in its process group and session and ignores SIGTERM (like the resource tracker),
@@ -221,8 +221,16 @@ def test_up_stops_the_session_of_an_engine_that_already_died(engine, tmp_path, m
 
 
 def test_the_process_table_reads_names_with_spaces_and_parentheses(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; open('/proc/self/comm', 'w').write(') x (1 2'); "
-                              "print(flush=True); time.sleep(30)"], stdout=subprocess.PIPE, start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; open('/proc/self/comm', 'w').write(') x (1 2'); print(flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert child.stdout is not None
     try:
         child.stdout.readline()  # the name is set
         (me,) = [p for p in process_tree.processes() if p.pid == child.pid]

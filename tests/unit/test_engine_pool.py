@@ -12,8 +12,10 @@ from palmyra_serve.sidecar.upstream import pool as engine_pool
 from palmyra_serve.sidecar.upstream.failures import ConnectFailed, StreamInterrupted, UpstreamError, UpstreamTimeout
 from palmyra_serve.sidecar.upstream.pool import EnginePool
 
-OK_CHUNKED = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-              b"6\r\ndata: \r\n2\r\nx\n\r\n0\r\n\r\n")
+OK_CHUNKED = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"6\r\ndata: \r\n2\r\nx\n\r\n0\r\n\r\n"
+)
 OK_LENGTH = b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 Handler = Callable[[int, int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
@@ -28,7 +30,9 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> Non
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+    )
     return head + await reader.readexactly(length)
 
 
@@ -57,7 +61,9 @@ class ScriptedServer:
         await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._tasks.append(asyncio.current_task())
+        task = asyncio.current_task()
+        assert task is not None  # a handler runs in its own task
+        self._tasks.append(task)
         self._writers.append(writer)
         self.connections += 1
         number, served = self.connections, 0
@@ -77,6 +83,7 @@ def answer(data: bytes) -> Handler:
         writer.write(data)
         await writer.drain()
         return True
+
     return handler
 
 
@@ -96,6 +103,7 @@ def test_keep_alive_connection_is_reused_and_request_is_written_as_given():
         assert first.startswith(b"POST /prefix/v1/completions?x=1 HTTP/1.1\r\n")
         assert b"\r\ncontent-length: 7\r\n" in first and b"\r\nx-request-id: r1\r\n" in first
         assert first.endswith(b'\r\n\r\n{"a":1}')
+
     asyncio.run(scenario())
 
 
@@ -107,6 +115,7 @@ def test_content_length_body_and_raw_headers_are_kept():
             assert (resp.status, resp.reason, resp.content_type) == (404, "Not Found", "application/json")
             assert (b"Content-Type", b"application/json") in resp.raw_headers
             assert await resp.read() == b"{}"
+
     asyncio.run(scenario())
 
 
@@ -130,6 +139,7 @@ def test_a_request_written_to_a_reused_connection_that_closes_unanswered_is_not_
             assert exc.value.code == "bad_upstream"
         # The second request reached the engine once, and only once: a generation never runs twice.
         assert server.connections == 1 and len(server.requests) == 2
+
     asyncio.run(scenario())
 
 
@@ -150,6 +160,7 @@ def test_a_pooled_connection_the_engine_closed_while_idle_is_not_used():
             resp = await pool.request("POST", b"/v1/completions", [], b"{}")
             assert await resp.read() == b"data: x\n"
         assert server.connections == 2 and len(server.requests) == 2
+
     asyncio.run(scenario())
 
 
@@ -160,6 +171,7 @@ def test_fresh_connection_closed_without_an_answer_is_an_error_not_a_retry():
             with pytest.raises(UpstreamError) as exc:
                 await EnginePool(url, 2, 5).request("POST", b"/v1/completions", [], b"{}")
         assert exc.value.code == "bad_upstream" and server.connections == 1
+
     asyncio.run(scenario())
 
 
@@ -172,6 +184,7 @@ def test_refused_connection_is_connect_failed():
         with pytest.raises(ConnectFailed) as exc:
             await EnginePool(f"http://127.0.0.1:{port}", 2, 5).request("GET", b"/v1/models", [], b"")
         assert exc.value.code == "engine_unavailable"
+
     asyncio.run(scenario())
 
 
@@ -195,6 +208,7 @@ def test_silence_before_the_head_and_inside_the_body_times_out():
             with pytest.raises(UpstreamTimeout) as exc:
                 await resp.read_some()
             assert exc.value.code == "engine_timeout"
+
     asyncio.run(scenario())
 
 
@@ -211,6 +225,7 @@ def test_engine_dying_mid_body_is_a_stream_interruption_after_the_bytes_that_arr
             with pytest.raises(StreamInterrupted) as exc:
                 await resp.read_some()
             assert exc.value.code == "stream_interrupted"
+
     asyncio.run(scenario())
 
 
@@ -232,6 +247,7 @@ def test_connection_close_and_head_responses_are_not_pooled():
             assert resp.status == 404 and await resp.read() == b""
             resp.release()
             assert not pool._idle
+
     asyncio.run(scenario())
 
 
@@ -247,6 +263,7 @@ def test_a_reader_that_falls_behind_pauses_the_engine_socket_until_it_catches_up
             await wait_for(lambda: conn.paused)  # the engine's bytes pile up unread until reading stops
             assert conn.buffered < total // 2  # reading stopped well before the end
             assert len(await resp.read()) == total and not conn.paused
+
     asyncio.run(scenario())
 
 
@@ -262,11 +279,12 @@ def test_idle_connections_are_retired_before_the_engine_would_close_them(monkeyp
             resp = await pool.request("GET", b"/a", [], b"")
             await resp.read()
         assert server.connections == 2
+
     asyncio.run(scenario())
 
 
 def test_interim_1xx_responses_are_skipped_and_the_final_one_is_the_answer():
-    interim = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n")
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n"
 
     async def scenario():
         server = ScriptedServer(answer(interim + OK_LENGTH))
@@ -279,12 +297,13 @@ def test_interim_1xx_responses_are_skipped_and_the_final_one_is_the_answer():
                 assert await resp.read() == b"{}"
                 resp.release()
         assert server.connections == 1
+
     asyncio.run(scenario())
 
 
 def test_a_close_delimited_body_is_complete_at_the_close():
     async def close_delimited(_c: int, _q: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"a\":")
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"a":')
         await writer.drain()
         writer.write(b"1}")
         await writer.drain()
@@ -298,12 +317,15 @@ def test_a_close_delimited_body_is_complete_at_the_close():
             assert resp._conn.complete and resp._conn.error is None
             resp.release()
             assert not pool._idle  # its connection is gone: never pooled
+
     asyncio.run(scenario())
 
 
 def test_trailers_of_a_chunked_body_are_dropped_not_added_to_the_headers():
-    trailed = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-               b"trailer: x-evil\r\n\r\n6\r\ndata: \r\n2\r\nx\n\r\n0\r\nx-evil: 1\r\nset-cookie: a=b\r\n\r\n")
+    trailed = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"trailer: x-evil\r\n\r\n6\r\ndata: \r\n2\r\nx\n\r\n0\r\nx-evil: 1\r\nset-cookie: a=b\r\n\r\n"
+    )
 
     async def scenario():
         async with ScriptedServer(answer(trailed)) as url:
@@ -314,20 +336,26 @@ def test_trailers_of_a_chunked_body_are_dropped_not_added_to_the_headers():
             assert names == [b"content-type", b"transfer-encoding", b"trailer"]
             resp.release()
             assert len(pool._idle) == 1  # a complete, reusable response
+
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("head", [
-    b"this is not HTTP at all\r\n\r\n",
-    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",  # no upgrade was asked for
-    b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(101)) + b"content-length: 0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nx-big: " + b"v" * (70 * 1024) + b"\r\ncontent-length: 0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nx-endless: " + b"v" * (300 * 1024),  # never ends: refused before it does
-], ids=["garbage", "101", "too-many-fields", "too-large", "never-ending-field"])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"this is not HTTP at all\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",  # no upgrade was asked for
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(101)) + b"content-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-big: " + b"v" * (70 * 1024) + b"\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-endless: " + b"v" * (300 * 1024),  # never ends: refused before it does
+    ],
+    ids=["garbage", "101", "too-many-fields", "too-large", "never-ending-field"],
+)
 def test_an_unreadable_or_oversized_engine_head_is_a_protocol_error(head: bytes):
     async def scenario():
         async with ScriptedServer(answer(head)) as url:
             with pytest.raises(UpstreamError) as exc:
                 await EnginePool(url, 2, 5).request("GET", b"/v1/models", [], b"")
             assert type(exc.value) is UpstreamError and exc.value.code == "bad_upstream"
+
     asyncio.run(scenario())

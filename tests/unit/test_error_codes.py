@@ -9,6 +9,7 @@ import re
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import generate_latest
 from yarl import URL
 
@@ -75,14 +76,28 @@ def _series(page: str, metric: str, label: str) -> list[str]:
 def test_a_fresh_metrics_page_has_every_reason_kind_and_route_in_order() -> None:
     page = generate_latest(SidecarMetrics().registry).decode()
     assert _series(page, "palmyra_rejections_total", "reason") == [
-        "queue_full", "queue_timeout", "slo_unreachable", "request_too_large", "request_timeout",
-        "max_tokens_too_large", "invalid_json", "draining", "invalid_api_key",
+        "queue_full",
+        "queue_timeout",
+        "slo_unreachable",
+        "request_too_large",
+        "request_timeout",
+        "max_tokens_too_large",
+        "invalid_json",
+        "draining",
+        "invalid_api_key",
     ]
     assert _series(page, "palmyra_upstream_errors_total", "kind") == [
-        "engine_unavailable", "engine_timeout", "bad_upstream", "stream_interrupted",
+        "engine_unavailable",
+        "engine_timeout",
+        "bad_upstream",
+        "stream_interrupted",
     ]
     assert _series(page, "palmyra_output_tokens_total", "route") == [
-        "completions", "chat_completions", "models", "tokenize", "other",
+        "completions",
+        "chat_completions",
+        "models",
+        "tokenize",
+        "other",
     ]
 
 
@@ -95,7 +110,9 @@ def test_a_front_end_refusal_counts_under_its_code_on_first_use() -> None:
 
 def _response_error() -> aiohttp.ClientResponseError:
     url = URL("http://engine/metrics")
-    return aiohttp.ClientResponseError(aiohttp.RequestInfo(url, "GET", {}, url), (), status=500)
+    return aiohttp.ClientResponseError(
+        aiohttp.RequestInfo(url, "GET", CIMultiDictProxy(CIMultiDict()), url), (), status=500
+    )
 
 
 FAILURES = [

@@ -3,23 +3,16 @@ table row (goodput, refusals, censored TTFT), the report and the engine's cache 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def goodput():
-    spec = importlib.util.spec_from_file_location("goodput_bench", REPO / "benchmarks" / "goodput.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["goodput_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+def goodput() -> ModuleType:
+    from benchmarks import goodput
+
+    return goodput
 
 
 def ok(g, ttft: float = 0.1, itl: float = 0.02, tokens: int = 64):
@@ -30,7 +23,7 @@ def test_poisson_arrivals_are_seeded_sorted_and_at_the_rate(goodput) -> None:
     a = goodput.poisson_arrivals(16, 200, seed=3)
     assert a == goodput.poisson_arrivals(16, 200, seed=3)
     assert a != goodput.poisson_arrivals(16, 200, seed=4)
-    assert a == sorted(a) and 0 < a[0] and a[-1] < 200
+    assert a == sorted(a) and a[0] > 0 and a[-1] < 200
     assert len(a) == pytest.approx(16 * 200, rel=0.05)  # 3200 +- 57 (one sd); 5% is ~3 sd
     assert goodput.poisson_arrivals(0, 10, 0) == []
 
@@ -80,10 +73,24 @@ def test_an_empty_rate_has_no_percentiles(goodput) -> None:
 def test_the_report_has_one_line_per_rate_and_target_with_the_share_of_peak(goodput, tmp_path) -> None:
     g = goodput
     rows = {"bare vLLM": g.summarize_rate([ok(g)] * 10, 1.0), "sidecar": g.summarize_rate([ok(g)] * 5, 1.0)}
-    doc = {"meta": {"label": "baseline", "started_at": "now", "cpus": 2, "cpu_model": "cpu", "sidecar_env": {},
-                    "seconds": 1.0, "prompt_words": 48, "max_tokens": 64, "ttft_slo_s": 2.0, "itl_slo_s": 0.25,
-                    "capacity_per_s": 10.0, "capacity_source": "given", "drain_s": 5.0},
-           "rates": [{"multiple": 1.0, "offered_per_s": 10.0, "targets": rows}]}
+    doc = {
+        "meta": {
+            "label": "baseline",
+            "started_at": "now",
+            "cpus": 2,
+            "cpu_model": "cpu",
+            "sidecar_env": {},
+            "seconds": 1.0,
+            "prompt_words": 48,
+            "max_tokens": 64,
+            "ttft_slo_s": 2.0,
+            "itl_slo_s": 0.25,
+            "capacity_per_s": 10.0,
+            "capacity_source": "given",
+            "drain_s": 5.0,
+        },
+        "rates": [{"multiple": 1.0, "offered_per_s": 10.0, "targets": rows}],
+    }
     md = g.markdown(doc)
     assert "| 10.0/s (1×) | bare vLLM | 10.0 | 100% |" in md
     assert "| 10.0/s (1×) | sidecar | 5.0 | 50% |" in md

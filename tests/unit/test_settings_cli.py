@@ -55,8 +55,9 @@ def test_invalid_setting_is_rejected(monkeypatch):
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)
 def test_every_subcommand_has_help(sub):
-    out = subprocess.run([sys.executable, "-m", "palmyra_serve.cli", sub, "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "palmyra_serve.cli", sub, "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "usage: palmyra-serve " + sub in out.stdout
     if sub in ("engine", "sidecar"):

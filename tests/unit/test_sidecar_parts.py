@@ -4,6 +4,7 @@ shares with admission."""
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import pytest
 
@@ -34,14 +35,14 @@ def test_one_drain_state_turns_readiness_first_then_closes_admission():
             await state.admission.acquire()
         state.admission.release(ticket)
         assert await drained is True
+
     asyncio.run(scenario())
 
 
 def test_api_keys_accept_only_whole_bearer_keys():
     keys = ApiKeys(["k-123-abcd", "other-key-9"])
     assert keys.check(b"Bearer k-123-abcd") and keys.check(b"bearer other-key-9")
-    for bad in (None, b"", b"Bearer k-123-abc", b"Bearer k-123-abcde", b"k-123-abcd", b"Basic k-123-abcd",
-                b"Bearer "):
+    for bad in (None, b"", b"Bearer k-123-abc", b"Bearer k-123-abcde", b"k-123-abcd", b"Basic k-123-abcd", b"Bearer "):
         assert not keys.check(bad)
     assert ApiKeys([], disabled=True).check(None)
 
@@ -110,11 +111,17 @@ def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reac
 
     shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
     assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {
-        "message": "bad", "type": "BadRequestError", "param": "n", "code": 400}, "only OpenAI's four fields"
-    for status, body, message in ((404, b'{"detail":"Not Found"}', "Not Found"),
-                                  (401, b'{"error":"Unauthorized"}', "Unauthorized"),
-                                  (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
-                                  (405, b"", "Method Not Allowed")):
+        "message": "bad",
+        "type": "BadRequestError",
+        "param": "n",
+        "code": 400,
+    }, "only OpenAI's four fields"
+    for status, body, message in (
+        (404, b'{"detail":"Not Found"}', "Not Found"),
+        (401, b'{"error":"Unauthorized"}', "Unauthorized"),
+        (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
+        (405, b"", "Method Not Allowed"),
+    ):
         err = orjson.loads(from_engine(status, body, message if not body else "x", "rid"))["error"]
         assert err["message"] == message and err["code"] == status and err["param"] is None
         assert err["type"] == "invalid_request_error"
@@ -137,6 +144,7 @@ def test_access_log_writes_one_json_line_per_request_buffered_briefly():
 
     logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.INFO)
     try:
+
         async def scenario() -> list[str]:
             stream = io.StringIO()
             log = access_log.AccessLog(stream)
@@ -147,13 +155,17 @@ def test_access_log_writes_one_json_line_per_request_buffered_briefly():
                 while stream.getvalue().count("\n") < 2:
                     await asyncio.sleep(access_log.FLUSH_S / 5)
             return stream.getvalue().splitlines()
+
         lines = [json.loads(line) for line in asyncio.run(scenario())]
     finally:
         logging.getLogger(access_log.LOGGER_NAME).setLevel(logging.NOTSET)
     assert [(e["request_id"], e["status"]) for e in lines] == [("a", 200), ("b", 429)]
     assert lines[0]["ts"] == "2026-12-04T16:00:00.250Z" and lines[1]["ts"].endswith(":00.500Z")
-    assert {k: lines[0][k] for k in ("level", "logger", "msg")} == {"level": "info", "logger": "palmyra.access",
-                                                                  "msg": "request"}
+    assert {k: lines[0][k] for k in ("level", "logger", "msg")} == {
+        "level": "info",
+        "logger": "palmyra.access",
+        "msg": "request",
+    }
 
 
 def test_access_log_is_silent_above_info():
@@ -177,14 +189,29 @@ def test_response_headers_are_an_allow_list_of_what_describes_the_body():
     from palmyra_serve.sidecar.relay.handler import _response_headers
 
     class Resp:
-        raw_headers = [(b"Content-Type", b"application/json"), (b"Connection", b"keep-alive, X-Hop"),
-                       (b"x-hop", b"1"), (b"Proxy-Connection", b"keep-alive"), (b"Keep-Alive", b"timeout=5"),
-                       (b"Transfer-Encoding", b"chunked"), (b"x-internal", b"2"), (b"server", b"uvicorn"),
-                       (b"set-cookie", b"session=1"), (b"access-control-allow-origin", b"*"),
-                       (b"content-length", b"12"), (b"retry-after", b"3"), (b"x-request-id", b"engine's")]
+        raw_headers: ClassVar[list[tuple[bytes, bytes]]] = [
+            (b"Content-Type", b"application/json"),
+            (b"Connection", b"keep-alive, X-Hop"),
+            (b"x-hop", b"1"),
+            (b"Proxy-Connection", b"keep-alive"),
+            (b"Keep-Alive", b"timeout=5"),
+            (b"Transfer-Encoding", b"chunked"),
+            (b"x-internal", b"2"),
+            (b"server", b"uvicorn"),
+            (b"set-cookie", b"session=1"),
+            (b"access-control-allow-origin", b"*"),
+            (b"content-length", b"12"),
+            (b"retry-after", b"3"),
+            (b"x-request-id", b"engine's"),
+        ]
+
     headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
-    assert headers == [(b"Content-Type", b"application/json"), (b"content-length", b"12"), (b"retry-after", b"3"),
-                       (b"x-request-id", b"rid-1")]
+    assert headers == [
+        (b"Content-Type", b"application/json"),
+        (b"content-length", b"12"),
+        (b"retry-after", b"3"),
+        (b"x-request-id", b"rid-1"),
+    ]
 
 
 def test_ready_phase_agrees_with_the_verdict_on_the_page_and_the_metric():
@@ -242,7 +269,7 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     admission = build_admission(settings, AdmissionPlan.of(settings))
     relay = Relay(settings, metrics, admission, ApiKeys.from_settings(settings), health)
 
-    def broken(*_args: object) -> None:
+    def broken(body: bytes, entry: object) -> None:
         raise RuntimeError("a bug in the sidecar")
 
     relay._check_cost = broken  # type: ignore[method-assign]  # the injected fault

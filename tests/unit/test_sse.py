@@ -27,8 +27,9 @@ def text(t: str, index: int = 0) -> bytes:
 
 
 def delta(d: dict, index: int = 0, finish: str | None = None) -> bytes:
-    return event({"object": "chat.completion.chunk", "choices": [{"index": index, "delta": d,
-                                                                   "finish_reason": finish}]})
+    return event(
+        {"object": "chat.completion.chunk", "choices": [{"index": index, "delta": d, "finish_reason": finish}]}
+    )
 
 
 DONE = b"data: [DONE]\n\n"
@@ -52,8 +53,7 @@ def totals(acc: SseAccount) -> tuple:
 
 
 def test_a_data_marker_split_across_reads_is_one_event():
-    acc = account([b"da", b"ta: ", json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode() + b"\n", b"\n",
-                   DONE])
+    acc = account([b"da", b"ta: ", json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode() + b"\n", b"\n", DONE])
     assert (acc.token_events, acc.events, acc.done) == (1, 2, True)
 
 
@@ -65,9 +65,15 @@ def test_generated_text_containing_the_data_marker_is_one_token_event():
 
 def test_every_split_of_a_stream_gives_the_same_account():
     usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
-    stream = (delta({"role": "assistant", "content": ""}) + delta({"content": "data: a"}) + b": keep-alive\n\n"
-              + delta({"content": "b"}) + delta({}, finish="stop")
-              + event({"object": "chat.completion.chunk", "choices": [], "usage": usage}) + DONE)
+    stream = (
+        delta({"role": "assistant", "content": ""})
+        + delta({"content": "data: a"})
+        + b": keep-alive\n\n"
+        + delta({"content": "b"})
+        + delta({}, finish="stop")
+        + event({"object": "chat.completion.chunk", "choices": [], "usage": usage})
+        + DONE
+    )
     whole = totals(account([stream]))
     assert whole == (6, 2, {0: 2}, usage, True, 0)
     for reads in every_split(stream):
@@ -99,16 +105,25 @@ def test_usage_event_wins_over_counted_events_even_when_split_across_reads():
 
 
 def test_continuous_usage_keeps_the_last_report():
-    reads = [event({"choices": [{"index": 0, "text": "a"}], "usage": {"completion_tokens": 1, "prompt_tokens": 3}}),
-             event({"choices": [{"index": 0, "text": "b"}], "usage": {"completion_tokens": 2, "prompt_tokens": 3}}),
-             DONE]
+    reads = [
+        event({"choices": [{"index": 0, "text": "a"}], "usage": {"completion_tokens": 1, "prompt_tokens": 3}}),
+        event({"choices": [{"index": 0, "text": "b"}], "usage": {"completion_tokens": 2, "prompt_tokens": 3}}),
+        DONE,
+    ]
     assert account(reads).completion_tokens() == 2
 
 
 def test_no_usage_means_counted_events_and_no_prompt_tokens():
-    acc = account([delta({"role": "assistant"}), delta({"content": "x"}), delta({"reasoning_content": "y"}),
-                   delta({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}), delta({}, finish="length"),
-                   DONE])
+    acc = account(
+        [
+            delta({"role": "assistant"}),
+            delta({"content": "x"}),
+            delta({"reasoning_content": "y"}),
+            delta({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
+            delta({}, finish="length"),
+            DONE,
+        ]
+    )
     # The role-only opening and the empty closing delta carry no generated text.
     assert (acc.completion_tokens(), acc.prompt_tokens()) == (3, None)
 
@@ -122,8 +137,10 @@ def test_crlf_framing_and_a_cr_split_from_its_lf():
 
 
 def test_multi_line_data_and_fields_other_than_data():
-    stream = (b"event: message\nid: 7\ndata: {\"choices\":\ndata: [{\"index\": 0, \"text\": \"a\"}]}\n\n"
-              b"retry: 100\n\n" + b"data:" + json.dumps({"choices": [{"index": 0, "text": "b"}]}).encode() + b"\n\n")
+    stream = (
+        b'event: message\nid: 7\ndata: {"choices":\ndata: [{"index": 0, "text": "a"}]}\n\n'
+        b"retry: 100\n\n" + b"data:" + json.dumps({"choices": [{"index": 0, "text": "b"}]}).encode() + b"\n\n"
+    )
     acc = account([stream])
     assert (acc.events, acc.token_events, acc.unparsed) == (2, 2, 0)
 
@@ -220,8 +237,9 @@ def test_the_strict_token_event_decode_accounts_exactly_as_the_general_parse(str
     general = SseAccount()
     general.feed(stream, 2.0)
     general.finish()
-    assert totals(fast) + (fast.error, fast.first_token, fast.last_token) == totals(general) + (
-        general.error, general.first_token, general.last_token)
+    seen_fast = (*totals(fast), fast.error, fast.first_token, fast.last_token)
+    seen_general = (*totals(general), general.error, general.first_token, general.last_token)
+    assert seen_fast == seen_general
 
 
 def test_plain_token_reads_take_the_strict_decode(monkeypatch):

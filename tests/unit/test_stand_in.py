@@ -39,8 +39,10 @@ def test_tokenizer_encodes_like_qwen2(tiny):
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [151643, 151644, 151645]
     assert tok.encode("12345") == [16, 17, 18, 19, 20]  # Qwen2 splits digits one by one
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_marker_says_random_weights_and_build_is_idempotent(tiny, tmp_path):

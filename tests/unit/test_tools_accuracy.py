@@ -23,7 +23,7 @@ class FakeRef:
         return self._std
 
     def top2(self, pos: int) -> tuple[int, float, int, float]:
-        row = sorted(self._logits.get(pos, {}).items(), key=lambda kv: -kv[1]) + [(-1, 0.0), (-2, 0.0)]
+        row = [*sorted(self._logits.get(pos, {}).items(), key=lambda kv: -kv[1]), (-1, 0.0), (-2, 0.0)]
         return row[0][0], row[0][1], row[1][0], row[1][1]
 
 
@@ -47,6 +47,7 @@ def test_match_rate_is_position_by_position_after_divergence() -> None:
     assert res.first_divergence == 1
     assert res.verdict == accuracy.NEAR_TIE
     d = res.divergence
+    assert d is not None
     assert d.ref_flip_margin == pytest.approx(0.01)
     assert d.ref_top2_margin == pytest.approx(0.01)
     assert d.endpoint_logprob_ref == pytest.approx(-2.005)
@@ -82,6 +83,7 @@ def test_reference_token_outside_endpoint_top_k_uses_a_lower_bound() -> None:
     ref = FakeRef([1], logits={0: {1: 0.01, 7: 0.0}})
     far = _out([7], own=[-1.0], tops=[{7: -1.0, 8: -4.0, 9: -5.0}])
     res = accuracy.compare("p", "t", 1, ref, far)
+    assert res.divergence is not None
     assert res.divergence.endpoint_gap_is_lower_bound
     assert res.divergence.endpoint_gap == pytest.approx(4.0)
     assert res.verdict == accuracy.SUSPICIOUS

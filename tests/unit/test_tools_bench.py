@@ -17,7 +17,7 @@ DELAY_S = 0.02  # every fake request takes this long whatever the concurrency: i
 
 
 def _sse(n_tokens: int) -> bytes:
-    chunks = [{"choices": [{"index": 0, "text": f"t{i}"}]} for i in range(n_tokens)]
+    chunks: list[dict[str, object]] = [{"choices": [{"index": 0, "text": f"t{i}"}]} for i in range(n_tokens)]
     chunks.append({"choices": [], "usage": {"completion_tokens": n_tokens}})
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
@@ -44,16 +44,36 @@ class FakeEndpoint:
 def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    return p.parse_args(["--base-url", "http://engine.test", "--input-lengths", "16,128,4096",
-                         "--output-tokens", "8", "--concurrency", "1,4", "--repetitions", "2", "--warmup", "1",
-                         "--no-progress", "--out", str(tmp_path / "out"), *extra])
+    return p.parse_args(
+        [
+            "--base-url",
+            "http://engine.test",
+            "--input-lengths",
+            "16,128,4096",
+            "--output-tokens",
+            "8",
+            "--concurrency",
+            "1,4",
+            "--repetitions",
+            "2",
+            "--warmup",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeEndpoint:
     fe = FakeEndpoint()
-    monkeypatch.setattr(bench, "make_client", lambda args, c: httpx.AsyncClient(
-        base_url=args.base_url, transport=httpx.MockTransport(fe)))
+    monkeypatch.setattr(
+        bench,
+        "make_client",
+        lambda args, c: httpx.AsyncClient(base_url=args.base_url, transport=httpx.MockTransport(fe)),
+    )
     return fe
 
 
@@ -113,11 +133,17 @@ def test_failed_requests_are_counted_and_exit_one(tmp_path: Path, fake: FakeEndp
 
 def _doc(thr1: float, thr16: float, ttft: float) -> dict:
     s = {"p50": ttft, "p90": ttft, "p99": ttft, "n": 1}
-    return {"schema": bench.SCHEMA, "meta": {"base_url": "u", "host": "h", "started_at": "t"},
-            "prefill": [{"input_tokens": 128, "latency_s": s}], "ttft": [{"input_tokens": 128, "ttft_s": s}],
-            "decode": [{"input_tokens": 128, "per_token_s": s}],
-            "throughput": [{"concurrency": 1, "tokens_per_s": {"p50": thr1}, "efficiency": 1.0},
-                           {"concurrency": 16, "tokens_per_s": {"p50": thr16}, "efficiency": thr16 / thr1 / 16}]}
+    return {
+        "schema": bench.SCHEMA,
+        "meta": {"base_url": "u", "host": "h", "started_at": "t"},
+        "prefill": [{"input_tokens": 128, "latency_s": s}],
+        "ttft": [{"input_tokens": 128, "ttft_s": s}],
+        "decode": [{"input_tokens": 128, "per_token_s": s}],
+        "throughput": [
+            {"concurrency": 1, "tokens_per_s": {"p50": thr1}, "efficiency": 1.0},
+            {"concurrency": 16, "tokens_per_s": {"p50": thr16}, "efficiency": thr16 / thr1 / 16},
+        ],
+    }
 
 
 def test_compare_ratios_and_direction() -> None:

@@ -31,7 +31,7 @@ def test_check_response_surfaces_openai_error_message() -> None:
 
 
 def test_sse_events_stop_at_done_and_raise_on_error_events() -> None:
-    lines = ["", "data: {\"x\": 1}", ": comment", "data: [DONE]", "data: {\"x\": 2}"]
+    lines = ["", 'data: {"x": 1}', ": comment", "data: [DONE]", 'data: {"x": 2}']
     assert list(endpoint.sse_events(iter(lines))) == [{"x": 1}]
     with pytest.raises(EndpointError, match="stream error"):
         list(endpoint.sse_events(iter(['data: {"error": {"message": "boom"}}'])))

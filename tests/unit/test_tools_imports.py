@@ -14,8 +14,10 @@ HEAVY = ("torch", "transformers", "matplotlib", "httpx", "aiohttp", "tqdm", "num
 
 
 def test_building_the_cli_imports_nothing_heavy() -> None:
-    code = ("import sys; from palmyra_serve.cli import build_parser; build_parser(); "
-            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys; from palmyra_serve.cli import build_parser; build_parser(); "
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -41,10 +41,20 @@ class FakeModel:
 
 
 def _completion(tokens: list[int]) -> dict:
-    return {"choices": [{"text": "x", "finish_reason": "length", "logprobs": {
-        "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": [-0.5] * len(tokens),
-        "top_logprobs": [{f"token_id:{t}": -0.5, "token_id:0": -2.5} for t in tokens]}}],
-        "usage": {"completion_tokens": len(tokens)}}
+    return {
+        "choices": [
+            {
+                "text": "x",
+                "finish_reason": "length",
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in tokens],
+                    "token_logprobs": [-0.5] * len(tokens),
+                    "top_logprobs": [{f"token_id:{t}": -0.5, "token_id:0": -2.5} for t in tokens],
+                },
+            }
+        ],
+        "usage": {"completion_tokens": len(tokens)},
+    }
 
 
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
@@ -52,8 +62,18 @@ def _args(tmp_path: Path, **kw) -> argparse.Namespace:
     validate.add_arguments(p)
     model_dir = tmp_path / "ckpt"
     model_dir.mkdir(exist_ok=True)
-    argv = ["--base-url", "http://engine.test", "--model-dir", str(model_dir), "--tokens", "4",
-            "--out", str(tmp_path / "out"), "--api-key", "k"]
+    argv = [
+        "--base-url",
+        "http://engine.test",
+        "--model-dir",
+        str(model_dir),
+        "--tokens",
+        "4",
+        "--out",
+        str(tmp_path / "out"),
+        "--api-key",
+        "k",
+    ]
     for k, v in kw.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     return p.parse_args(argv)
@@ -75,8 +95,11 @@ def endpoint(monkeypatch: pytest.MonkeyPatch):
         return httpx.Response(200, json=_completion(state["tokens"]))
 
     def client(args):
-        return httpx.Client(base_url=args.base_url, headers={"Authorization": f"Bearer {args.api_key}"},
-                            transport=httpx.MockTransport(handler))
+        return httpx.Client(
+            base_url=args.base_url,
+            headers={"Authorization": f"Bearer {args.api_key}"},
+            transport=httpx.MockTransport(handler),
+        )
 
     monkeypatch.setattr(validate, "_client", client)
     monkeypatch.setattr(reference, "Model", FakeModel)
@@ -121,7 +144,6 @@ def test_missing_model_dir_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_quick_passes_on_a_generating_endpoint(tmp_path: Path, endpoint, capsys) -> None:
-    seen, _ = endpoint
     args = _args(tmp_path, quick=True)
     assert validate.run(args) == 0
     assert "quick check passed" in capsys.readouterr().out
@@ -132,7 +154,8 @@ def test_quick_fails_on_an_unreachable_endpoint(tmp_path: Path, monkeypatch, cap
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    monkeypatch.setattr(validate, "_client", lambda a: httpx.Client(base_url=a.base_url,
-                                                                    transport=httpx.MockTransport(refuse)))
+    monkeypatch.setattr(
+        validate, "_client", lambda a: httpx.Client(base_url=a.base_url, transport=httpx.MockTransport(refuse))
+    )
     assert validate.run(_args(tmp_path, quick=True)) == 1
     assert "FAIL" in capsys.readouterr().out
