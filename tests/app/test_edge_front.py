@@ -505,7 +505,7 @@ def test_keys_reload_when_the_file_changes(engine, sidecar_factory, client, tmp_
 def test_bodies_held_before_admission_are_capped_over_all_connections(engine, sidecar_factory, client):
     # Bodies are read before a slot is taken, so the cap is on bytes held over all connections:
     # (in flight + queue) x body cap = 2 x 1000 bytes here (fixed mode: in flight is max_in_flight;
-    # adaptive would count its ceiling, tests/unit/test_edge_front_parts.py).
+    # adaptive would count its ceiling, tests/unit/test_memory_budget.py).
     with sidecar_factory(
         engine.url,
         PALMYRA_ADMISSION_MODE="fixed",

@@ -1,6 +1,7 @@
 """admission/adaptive.py: the asyncio waiters in front of the ConcurrencyGate: FIFO hand-over, immediate refusals, queue
 deadlines, cancellation and drain keep the gate's counts right. The gate gets a fake clock where
-the test teaches it a service time, the real one where a deadline must really pass (0.15 s)."""
+the test teaches it a service time, the real one where a deadline must really pass (0.15 s).
+A fault while admission learns leaves the limit where it was and frees the slot."""
 
 from __future__ import annotations
 
@@ -134,3 +135,29 @@ def test_drain_refuses_newcomers_and_waits_for_the_last_request() -> None:
         assert await drained is True
 
     asyncio.run(main())
+
+
+def test_a_fault_while_admission_learns_leaves_the_limit_and_frees_the_slot():
+    import asyncio
+
+    from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
+    from palmyra_serve.sidecar.admission.limit import ConcurrencyGate, LimitConfig
+
+    async def scenario() -> AdaptiveAdmission:
+        adm = AdaptiveAdmission(ConcurrencyGate(LimitConfig(initial_limit=4, min_samples=1, window_s=0), 16))
+        counted: list[int] = []
+        adm.on_fault = lambda: counted.append(1)
+
+        def broken() -> float:
+            raise ZeroDivisionError("an arithmetic bug")
+
+        adm.gate.limiter._next_limit = broken  # type: ignore[method-assign]  # the injected fault
+        for _ in range(5):
+            ticket = await adm.acquire()
+            adm.first_token(ticket)
+            adm.release(ticket, 0.01)
+        assert counted == [1] * 10
+        return adm
+
+    adm = asyncio.run(scenario())
+    assert adm.faults == 10 and adm.limit == 4 and adm.in_flight == 0

@@ -1,6 +1,8 @@
 """The error vocabulary as clients and dashboards see it, spelled out: each error's status, type
 and code, the series /metrics shows from the first scrape, and the code of each failure talking
-to the engine. Literals on purpose: they are the contract errors.ErrorCode must keep."""
+to the engine. Literals on purpose: they are the contract errors.ErrorCode must keep. Then an
+engine's error bodies (errors.from_engine): rebuilt in OpenAI's shape, and a 5xx's text never
+reaching the client."""
 
 from __future__ import annotations
 
@@ -142,3 +144,34 @@ def test_each_failure_talking_to_the_engine_has_its_code(exc: BaseException, cod
 def test_anything_else_is_not_named_an_engine_failure() -> None:
     with pytest.raises(TypeError):
         code_of(ValueError("a bug, not the engine"))
+
+
+def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reaches_the_client():
+    import orjson
+
+    from palmyra_serve.sidecar.errors import MAX_CLIENT_MESSAGE, from_engine
+
+    shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
+    assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {
+        "message": "bad",
+        "type": "BadRequestError",
+        "param": "n",
+        "code": 400,
+    }, "only OpenAI's four fields"
+    for status, body, message in (
+        (404, b'{"detail":"Not Found"}', "Not Found"),
+        (401, b'{"error":"Unauthorized"}', "Unauthorized"),
+        (400, b'{"detail":[{"msg":"bad utf-8"}]}', '[{"msg":"bad utf-8"}]'),
+        (405, b"", "Method Not Allowed"),
+    ):
+        err = orjson.loads(from_engine(status, body, message if not body else "x", "rid"))["error"]
+        assert err["message"] == message and err["code"] == status and err["param"] is None
+        assert err["type"] == "invalid_request_error"
+    long = orjson.dumps({"error": {"message": "m" * 10_000, "code": 400}})
+    assert len(orjson.loads(from_engine(400, long, "x", "rid"))["error"]["message"]) == MAX_CLIENT_MESSAGE
+    # A 5xx's text (here a traceback holding a token) stays in the log: the client gets the request id.
+    secret = b'{"error": {"message": "Traceback ... api_key=sk-live-123", "code": 500}}'
+    for status, body in ((500, secret), (502, b"<html>bad gateway</html>"), (503, b"")):
+        err = orjson.loads(from_engine(status, body, "x", "req-7"))["error"]
+        assert "sk-live" not in err["message"] and "html" not in err["message"] and "req-7" in err["message"]
+        assert (err["type"], err["code"]) == ("server_error", "engine_error")

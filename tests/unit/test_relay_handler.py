@@ -3,7 +3,11 @@ and health, driven through ASGI with no server; the engine pool and the client's
 injected (ScriptedPool, a fault-injection stand-in for upstream/pool.py's EnginePool).
 
 The scope carries no front-end DisconnectHook, as under any ASGI server other than the sidecar's
-own: a client's going away is then heard through ASGI's `http.disconnect`."""
+own: a client's going away is then heard through ASGI's `http.disconnect`.
+
+Then the relay's parts on their own: the request id it takes from the client or makes, the
+allow-list of engine response headers it passes on, and a fault in the relay itself, answered as a
+500, counted and told to readiness."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -24,7 +28,7 @@ from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability import access_log
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
-from palmyra_serve.sidecar.relay.handler import Relay
+from palmyra_serve.sidecar.relay.handler import Relay, request_id_from
 from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
@@ -232,3 +236,76 @@ def test_a_json_generation_is_relayed_whole_and_its_usage_counted() -> None:
     line = h.logged()
     assert (line["completion_tokens"], line["prompt_tokens"]) == (5, 3)
     assert "itl_ms" not in line and h.learnt == [(None, "ok")]
+
+
+def test_request_ids():
+    assert request_id_from(b"abc-DEF_1.2:3") == "abc-DEF_1.2:3"
+    assert len(request_id_from(b"has space")) == 32 and len(request_id_from(b"x" * 129)) == 32
+
+
+def test_response_headers_are_an_allow_list_of_what_describes_the_body():
+    from palmyra_serve.sidecar.relay.handler import _response_headers
+
+    class Resp:
+        raw_headers: ClassVar[list[tuple[bytes, bytes]]] = [
+            (b"Content-Type", b"application/json"),
+            (b"Connection", b"keep-alive, X-Hop"),
+            (b"x-hop", b"1"),
+            (b"Proxy-Connection", b"keep-alive"),
+            (b"Keep-Alive", b"timeout=5"),
+            (b"Transfer-Encoding", b"chunked"),
+            (b"x-internal", b"2"),
+            (b"server", b"uvicorn"),
+            (b"set-cookie", b"session=1"),
+            (b"access-control-allow-origin", b"*"),
+            (b"content-length", b"12"),
+            (b"retry-after", b"3"),
+            (b"x-request-id", b"engine's"),
+        ]
+
+    headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
+    assert headers == [
+        (b"Content-Type", b"application/json"),
+        (b"content-length", b"12"),
+        (b"retry-after", b"3"),
+        (b"x-request-id", b"rid-1"),
+    ]
+
+
+def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
+    import asyncio
+
+    from palmyra_serve.settings import Settings
+    from palmyra_serve.sidecar.admission.control import build_admission
+    from palmyra_serve.sidecar.admission.plan import AdmissionPlan
+    from palmyra_serve.sidecar.relay.auth import ApiKeys
+    from palmyra_serve.sidecar.relay.handler import Relay
+
+    settings = Settings(auth_disabled=True)
+    metrics = SidecarMetrics()
+    health = HealthState(metrics, liveness_budget_s=30)
+    health.record_health(True, "ok")
+    health.set_phase("ready")
+    admission = build_admission(settings, AdmissionPlan.of(settings))
+    relay = Relay(settings, metrics, admission, ApiKeys.from_settings(settings), health)
+
+    def broken(body: bytes, entry: object) -> None:
+        raise RuntimeError("a bug in the sidecar")
+
+    relay._check_cost = broken  # type: ignore[method-assign]  # the injected fault
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b'{"prompt": "x"}', "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+    for _ in range(3):
+        asyncio.run(relay(scope, receive, send))
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [500, 500, 500]
+    assert b"internal_error" in sent[1]["body"]
+    assert metrics.internal_errors._value.get() == 3
+    assert not health.readiness()[0]

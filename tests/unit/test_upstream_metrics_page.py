@@ -1,22 +1,17 @@
-"""The parts behind the edge's bounds, in isolation: the engine-metrics copy (one fetch at a time,
-at most one per interval, what it keeps) and the memory budget's terms for the pages served."""
+"""upstream/metrics_page.py: the engine-metrics copy /engine/metrics serves. Concurrent requests
+share one fetch and the copy lasts its interval; a caller going away does not cancel the fetch for
+the others; a failure is kept like a page and answered as a 503; no third copy outlives a slow
+reader for long; and the copy is fresh enough for the endpoint picker's scrapes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import aiohttp
 import yaml
-from prometheus_client import generate_latest
 
-from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors, memory_budget
-from palmyra_serve.sidecar.app import create_app
-from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from palmyra_serve.sidecar.routes import ROUTE_LABELS
+from palmyra_serve.sidecar.edge.protocol import DisconnectHook
 from palmyra_serve.sidecar.upstream import metrics_page
 from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched
@@ -125,44 +120,6 @@ def test_no_third_copy_outlives_a_slow_reader_for_long():
         assert (await cache.page()) is third and cut == ["slow"]
 
     run(scenario())
-
-
-def test_marking_a_request_authenticated_gives_its_keep_alive_back():
-    class Cycle:
-        keep_alive = False
-
-    hook = DisconnectHook()
-    cycle = Cycle()
-    hook._reopen = cycle
-    mark_authenticated({"palmyra.disconnect_hook": hook})
-    assert hook.authenticated and cycle.keep_alive and hook._reopen is None
-    mark_authenticated({})  # a scope without a connection (unit tests of the relay): nothing to do
-
-
-def test_the_budget_counts_the_metrics_copies_and_the_control_pages():
-    settings = Settings(_env_file=None, auth_disabled=True)
-    terms = {t.what: t for t in memory_budget.terms(settings)}
-    page = next(t for what, t in terms.items() if "metrics page" in what)
-    assert page.total == metrics_page.PAGE_COPIES * metrics_page.MAX_PAGE_BYTES
-    # The largest page the control app writes whole: the sidecar's /metrics with a series for
-    # every route and every status an engine may answer, and the API document.
-    metrics = SidecarMetrics()
-    for route in ROUTE_LABELS:
-        for status in range(100, 1000):
-            metrics.count_request(route, status)
-    for code in (*errors.FRONT_END_CODES, *errors.REJECTION_CODES):
-        metrics.reject(code)
-    biggest = len(generate_latest(metrics.registry))
-    document = len(json.dumps(create_app(settings).control.openapi()))
-    print(
-        f"sidecar /metrics with every status series: {biggest / 1024:.0f} KiB; API document {document / 1024:.0f} KiB"
-    )
-    assert max(biggest, document, 2 * metrics_page.SLICE_BYTES) <= memory_budget.CONTROL_PAGE_BYTES
-    # In adaptive mode every connection is counted as relaying, with buffers larger than a page.
-    assert memory_budget.RELAY_BYTES >= memory_budget.CONTROL_PAGE_BYTES
-    assert memory_budget.non_relaying(settings) == 0
-    fixed = Settings(_env_file=None, auth_disabled=True, admission_mode="fixed", max_in_flight=10, max_connections=100)
-    assert memory_budget.non_relaying(fixed) == 90
 
 
 def test_the_copy_is_fresh_enough_for_the_endpoint_picker():

@@ -3,7 +3,7 @@
 Every term is a product of settings the sidecar enforces, so the sum is a bound, not an estimate
 of typical use. docs/configuration.md shows this table for the defaults (scripts/gen_docs.py), and
 tests check that it fits the sidecar container's memory limit for the settings each deployment
-gives it: k8s/base/deployment.yaml (tests/unit/test_edge_front_parts.py), every k8s overlay
+gives it: k8s/base/deployment.yaml (tests/unit/test_memory_budget.py), every k8s overlay
 (tests/static/test_k8s.py) and docker-compose.yml (tests/static/test_containers_compose.py).
 """
 
@@ -47,7 +47,7 @@ CHUNK_BYTES = HIGH_WATER + READ_BYTES
 # and the client's write buffer (high water plus that chunk's unsent copy).
 RELAY_BYTES = CHUNK_BYTES + CHUNK_BYTES + CLIENT_WRITE_HIGH_WATER + CHUNK_BYTES
 # An engine error is read instead of streamed: its unread rest, its pieces, their join and the
-# reshaped answer. Never more than a stream's buffers (tests/unit/test_edge_front_parts.py).
+# reshaped answer. Never more than a stream's buffers (tests/unit/test_memory_budget.py).
 ERROR_PATH_BYTES = CHUNK_BYTES + 3 * MAX_ERROR_BODY + CLIENT_WRITE_HIGH_WATER
 # Per generation, besides the relay buffers: the SSE account's unfinished event (relay/sse.py skips an
 # event that outgrows it), or a JSON body's usage scanner (a response is one or the other). Their
@@ -57,7 +57,7 @@ ACCOUNTING_BYTES = max(MAX_EVENT_BYTES, MAX_USAGE_BYTES + MAX_GAP_BYTES)
 # The largest page the control app writes whole into a connection's write buffer: the sidecar's
 # /metrics with a series for every route and every status an engine can answer (about 290 KiB;
 # 28 KiB at rest), /openapi.json (26 KiB). /engine/metrics is written in slices, less than this.
-# tests/unit/test_edge_front_parts.py measures them. A relaying connection's buffers are larger.
+# tests/unit/test_memory_budget.py measures them. A relaying connection's buffers are larger.
 CONTROL_PAGE_BYTES = 384 * KIB
 
 
