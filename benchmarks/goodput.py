@@ -489,6 +489,13 @@ class LimitWatch:
         }  # [s, limit, in flight, queued]
 
 
+def in_turn(names: list[str], i: int) -> list[str]:
+    """The targets for the i-th rate, rotated so that each leads in turn (none always goes first,
+    on an engine still settling from the rate before)."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
 def engine_idle(engine_url: str, timeout_s: float) -> None:
     """Wait until the engine runs and queues nothing, so one rate's backlog does not bill the next."""
     from tests.helpers import procs
@@ -567,8 +574,7 @@ def run(args: argparse.Namespace) -> dict:
             points = []
             for i, multiple in enumerate(args.rates):
                 rate = capacity * multiple
-                names = list(targets)
-                order = names[i % len(names) :] + names[: i % len(names)]  # each target leads in turn
+                order = in_turn(list(targets), i)
                 point = {"multiple": multiple, "offered_per_s": rate, "targets": {}}
                 for name in order:
                     engine_idle(engine.url, 120)

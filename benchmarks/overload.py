@@ -144,8 +144,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
         points = []
         for i, multiple in enumerate(args.rates):
             rate = capacity * multiple
-            names = list(targets)
-            order = names[i % len(names) :] + names[: i % len(names)]  # each target leads in turn
+            order = goodput.in_turn(list(targets), i)
             point = {"multiple": multiple, "offered_per_s": rate, "targets": {}}
             for name in order:
                 engine_idle(engine.url, 60)
