@@ -4,7 +4,12 @@
 #   ./test.sh                 every tier: unit app static engine container
 #   ./test.sh unit app        only these tiers (fast: no vLLM, no podman)
 #   PALMYRA_LONG=1 ./test.sh  also the long variants (soak, longer fuzzing)
-# Extra pytest arguments go after `--`:  ./test.sh unit -- -k settings -x
+# Extra pytest arguments go after `--` (to every pytest run):  ./test.sh unit -- -k settings -x
+# Up to three pytest runs, one after the other: the tiers that start no engine (unit, static, app)
+# on PALMYRA_TEST_WORKERS parallel workers (default 3; 0 runs them in this process), then the
+# container tier alone, then the engine tier alone. Each writes a JUnit file into
+# PALMYRA_TEST_REPORTS (default .test-reports/); the closing report sums them per tier against
+# the budgets in CONTRIBUTING.md and ends with one line counting every run's tests.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}
@@ -37,14 +42,6 @@ apt_install() {
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Python: the engine tiers need the CPU engine; the others only the light sidecar install.
-if has engine || has container; then
-  PALMYRA_EXTRAS=engine-cpu,model,tools,test ./bootstrap.sh install
-else
-  PALMYRA_EXTRAS=${PALMYRA_TEST_EXTRAS:-engine-cpu,model,tools,test} ./bootstrap.sh install
-fi
-"$VENV/bin/pip" install --disable-pip-version-check -q -r tests/requirements-tools.txt
-
 # Debian tools, each only when missing.
 debs=(curl:curl)
 has static && debs+=(prometheus:promtool)
@@ -53,12 +50,66 @@ has engine && debs+=(prometheus:prometheus)
 has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
 apt_install "${debs[@]}"
 
-marker=$(IFS=' '; set -- "${tiers[@]}"; out=$1; shift; for t; do out="$out or $t"; done; echo "$out")
-log "pytest -m '$marker'"
+# The container tier's images build in the background (PALMYRA_TEST_PREBUILD=0: not) from here
+# on, while the venv installs and then the tiers that start no engine run: the build keeps about
+# one core busy (pip in the image, podman's layer commits), the venv install mostly the network,
+# those tiers' tests mostly wait on sockets and timers. The tier's fixture builds the images again,
+# from podman's layer cache, in seconds. The build script needs only the standard library, so the
+# system's python3 runs it before the venv exists.
+REPORTS=${PALMYRA_TEST_REPORTS:-.test-reports}
+rm -rf "$REPORTS"; mkdir -p "$REPORTS"
+build_pid=
+if has container && [ "${PALMYRA_TEST_PREBUILD:-1}" = 1 ]; then
+  log "building the container images in the background (log: $REPORTS/prebuild.log)"
+  # A session of its own, so that nothing of it outlives this script if the script stops early.
+  setsid python3 -m tests.container.prebuild "$REPORTS/prebuild" >"$REPORTS/prebuild.log" 2>&1 &
+  build_pid=$!
+  trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
+fi
+
+# Python: the engine tiers need the CPU engine; the others only the light sidecar install.
+if has engine || has container; then
+  PALMYRA_EXTRAS=engine-cpu,model,tools,test ./bootstrap.sh install
+else
+  PALMYRA_EXTRAS=${PALMYRA_TEST_EXTRAS:-engine-cpu,model,tools,test} ./bootstrap.sh install
+fi
+"$VENV/bin/pip" install --disable-pip-version-check -q -r tests/requirements-tools.txt
+
 export PATH="$PWD/$VENV/bin:$PATH"
+WORKERS=${PALMYRA_TEST_WORKERS:-3}
+
+failed=0
+# One pytest run over the given tiers (those of them chosen); its exit status 5 ("no tests
+# collected", e.g. after -k) is not a failure of this run alone: the closing report counts.
+run_pytest() {
+  local name=$1 workers=$2; shift 2
+  local chosen=() t
+  for t in "$@"; do has "$t" && chosen+=("$t"); done
+  [ ${#chosen[@]} -gt 0 ] || return 0
+  local marker=${chosen[0]} i
+  for ((i = 1; i < ${#chosen[@]}; i++)); do marker="$marker or ${chosen[i]}"; done
+  local xdist=()
+  [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile)
+  log "pytest -m '$marker' ${xdist[*]}"
+  local t0=$SECONDS rc=0
+  "$VENV/bin/python" -m pytest -m "$marker" "${xdist[@]}" --junitxml="$REPORTS/$name.xml" "${pytest_args[@]}" || rc=$?
+  log "$name: pytest exited $rc after $((SECONDS - t0)) s"
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then failed=1; fi
+}
+
 set +e
-"$VENV/bin/python" -m pytest -m "$marker" "${pytest_args[@]}"
-rc=$?
+# The tiers that start no engine: parallel workers overlap their waits. The container and engine
+# tiers then run one after the other, each alone: each starts engines (vLLM, in containers or
+# not) that take both cores while they start, and two at once would starve each other's checks.
+run_pytest light "$WORKERS" unit static app
+if [ -n "$build_pid" ]; then
+  t0=$SECONDS
+  wait "$build_pid"; rc=$?
+  log "background image build exited $rc ($((SECONDS - t0)) s waited for it); a failure shows again in the container tier"
+fi
+run_pytest container 0 container
+run_pytest engine 0 engine
 set -e
-# pytest's 5 means "no tests collected": a tier selection that ran nothing is a failure here too.
-exit $rc
+
+"$VENV/bin/python" -m tests.helpers.suite_report "$REPORTS" || failed=1
+exit $failed

@@ -38,6 +38,20 @@ def run_logged(argv: list[str], log: Path, timeout: float) -> float:
     return elapsed
 
 
+def build_images(logs: Path) -> dict[str, float]:
+    """The local base images, then the sidecar and CPU engine images, each step's output in a log
+    under `logs`; returns each image's build seconds. Builds reuse podman's layer cache, so a second
+    call finds everything built and takes seconds."""
+    logs.mkdir(parents=True, exist_ok=True)
+    run_logged([str(PODMAN_DIR / "build-local-bases.sh")], logs / "bases.log", timeout=900)
+    seconds = {}
+    for target, image in (("sidecar", SIDECAR_IMAGE), ("engine-cpu", ENGINE_IMAGE)):
+        seconds[image] = run_logged(
+            [str(PODMAN_DIR / "build-image.sh"), target, image], logs / f"{target}.log", timeout=3600
+        )
+    return seconds
+
+
 def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:

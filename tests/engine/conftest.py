@@ -1,9 +1,12 @@
 """Session fixtures for the engine tier: one real vLLM CPU engine serving the tiny stand-in
 (tiny_model_dir, from tests/conftest.py), one sidecar.
 
-The engine starts once per session (about a minute) and every engine test shares it. Tests that
-need an engine of their own (another dtype, perturbed weights, a killed engine) use
-`helpers.procs.engine(...)` directly, one at a time.
+An engine start costs 60-150 s on two cores (three interpreters importing torch and vLLM, then the
+compile), so the tier starts as few as it can: the shared engine once, for every test that talks
+to an engine, `validate` included (it serves float32 for that: the fp32 reference must agree with
+it token for token); `palmyra-serve up` once (tests/engine/test_up.py), which starts its own.
+The tests that damage the engine (tests/engine/test_reliability_engine_faults.py) run last, on
+the shared engine, and restart it in place.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ import pytest
 
 from tests.helpers import procs
 
+# validate's accuracy check compares greedy tokens with the fp32 Transformers reference: only a
+# float32 engine agrees token for token. The other tests do not depend on the dtype; bfloat16, the
+# CPU default, is what `up` (tests/engine/test_up.py) and the container tier serve.
+SHARED_ENGINE_DTYPE = "float32"
+
+# Fixtures that mean "this test talks to the shared engine".
+SHARED = {"engine_server", "sidecar_server", "shared_engine"}
+
 
 @pytest.fixture(scope="session")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -22,9 +33,21 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine_server(tiny_model_dir: Path, log_dir: Path) -> Iterator[procs.Server]:
-    with procs.engine(tiny_model_dir, log_dir) as server:
-        yield server
+def shared_engine(tiny_model_dir: Path, log_dir: Path) -> Iterator[procs.RestartableEngine]:
+    """The shared engine as an object that can be restarted on its port: the fault tests use it
+    directly (and run last); every other test sees its Server through engine_server."""
+    eng = procs.RestartableEngine(tiny_model_dir, log_dir, dtype=SHARED_ENGINE_DTYPE)
+    eng.start()
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_server(shared_engine: procs.RestartableEngine) -> procs.Server:
+    assert shared_engine.server is not None, "started by the shared_engine fixture"
+    return shared_engine.server
 
 
 @pytest.fixture(scope="session")
@@ -33,18 +56,13 @@ def sidecar_server(engine_server: procs.Server, log_dir: Path) -> Iterator[procs
         yield server
 
 
-@pytest.fixture(scope="session")
-def start_engine(log_dir: Path):
-    """Factory for an extra engine: `with start_engine(model_dir, dtype="float32") as e: ...`."""
-
-    def factory(model_dir: Path, dtype: str = "bfloat16", extra_env: dict[str, str] | None = None):
-        return procs.engine(model_dir, log_dir, dtype=dtype, extra_env=extra_env)
-
-    return factory
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that start engines of their own run before the shared engine starts, so that two
-    engines never compete for these two cores."""
-    shared = {"engine_server", "sidecar_server"}
-    items.sort(key=lambda item: bool(shared & set(getattr(item, "fixturenames", ()))))
+    engines never compete for these two cores; the tests that damage the shared engine run after
+    every other user of it. (The sort is stable: other tiers' items keep their order, first.)"""
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        names = set(getattr(item, "fixturenames", ()))
+        return bool(SHARED & names), item.get_closest_marker("damages_shared_engine") is not None
+
+    items.sort(key=order)

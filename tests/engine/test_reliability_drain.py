@@ -4,28 +4,52 @@ within the drain grace period."""
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 
 from tests.engine.reliability_support import FAST, figure, long_stream, start_streams
 from tests.helpers import procs
-from tests.helpers.api import HTTP
+from tests.helpers.api import HTTP, completion
 from tests.helpers.waiting import wait_until
 
 STREAMS = 6
-# 2000 tokens: 13 s for 6 streams at this engine's fastest (6.4 ms a token), so all are still
-# running at SIGTERM and at the 503 even if the stop takes seconds to begin (once seen in CI:
-# "draining" logged 5 s after the signal, with 800 tokens the streams had just ended). The grace
-# covers them at a twentieth of that speed: with two test runs sharing the 2 cores the six streams
-# once took over 60 s. The sidecar exits as soon as they end, so a long grace costs nothing.
-MAX_TOKENS = 2000
+# Every stream must still be running at SIGTERM and when the 503 is seen, even if the stop takes
+# seconds to begin (once seen in CI: "draining" logged 5 s after the signal, with 800 tokens the
+# streams had just ended). So each asks for as many tokens as one stream alone would take
+# STREAM_S to generate on this engine, measured first; six at once run slower than one alone, so
+# they last longer still. On a fast machine (6.4 ms a token) that is the 2000-token ceiling; on a
+# slow one it spares minutes of generation the claim does not need (2000 tokens took 152 s for
+# the six on an AVX2 machine).
+STREAM_S = 20.0
+MIN_TOKENS, MAX_TOKENS = 300, 2000
+# The grace covers the streams at a twentieth of the measured speed: with two test runs sharing
+# the 2 cores the six streams once took over 60 s. The sidecar exits as soon as they end, so a
+# long grace costs nothing.
 DRAIN_TIMEOUT_S = 240.0
 
 
+def tokens_lasting(engine: procs.Server, seconds: float) -> int:
+    """How many tokens one stream alone takes `seconds` to generate on this engine, within
+    [MIN_TOKENS, MAX_TOKENS] (measured over 128 tokens, prefill included, so it errs short)."""
+    probe = 128
+    t0 = time.monotonic()
+    resp = HTTP.post(
+        f"{engine.url}/v1/completions",
+        json=completion("Once upon a time", max_tokens=probe, ignore_eos=True, temperature=0.0),
+        headers={"Authorization": f"Bearer {engine.api_key}"},
+        timeout=120,
+    )
+    took = time.monotonic() - t0
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == probe, resp.text
+    return max(MIN_TOKENS, min(MAX_TOKENS, math.ceil(seconds * probe / took)))
+
+
 def test_sigterm_lets_every_in_flight_stream_finish_then_exits_zero(engine_server, log_dir):
+    max_tokens = tokens_lasting(engine_server, STREAM_S)
     env = {**FAST, "PALMYRA_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as sc:
-        streams = start_streams(sc.url, STREAMS, long_stream(MAX_TOKENS))
+        streams = start_streams(sc.url, STREAMS, long_stream(max_tokens))
         t_term = time.monotonic()
         sc.proc.send_signal(signal.SIGTERM)
         in_flight_at_term = sum(t.is_alive() for t in streams)
@@ -44,11 +68,12 @@ def test_sigterm_lets_every_in_flight_stream_finish_then_exits_zero(engine_serve
         completed = [
             t
             for t in streams
-            if t.result.done and t.result.tokens == MAX_TOKENS and t.result.error is None and t.result.status == 200
+            if t.result.done and t.result.tokens == max_tokens and t.result.error is None and t.result.status == 200
         ]
         figure(
             "graceful stop",
             started=STREAMS,
+            tokens_each=max_tokens,
             completed=len(completed),
             in_flight_at_sigterm=in_flight_at_term,
             still_streaming_when_503_sent=in_flight_at_refusal,

@@ -1,82 +1,238 @@
-"""`palmyra-serve up` end to end: real engine + sidecar, a real completion, a killed engine restarted
-while the sidecar stays up, Ctrl-C leaves nothing."""
+"""`palmyra-serve up` end to end, on one `up` run (each engine start costs a minute or more here):
+a real completion with the quick start's settings; the engine's launcher killed, then each of
+vLLM's processes killed, each restarted by `up` while the sidecar stays up; Ctrl-C during the
+last restart leaves nothing.
+
+Nothing of a dead engine survives it, whichever of its processes died. Regression for a fault run
+of the quick start: after vLLM's API server was SIGKILLed (idle or mid-stream) `up` restarted the
+engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS per worker on the full model)
+and a resource tracker lived on, re-parented to init, for as long as the machine ran. Measured
+here before the fix with the tiny stand-in: EngineCore 805 MiB, Worker 2046 MiB, tracker 12 MiB,
+still there after `up` itself stopped. One kill per engine start: the launcher's process group,
+then the API server mid-stream, the engine core idle, a worker mid-stream, each on the engine the
+previous restart brought up. After each of vLLM's, once `up` says it restarted the engine, no
+process of the old engine's session or process groups may remain, nor any of the /dev/shm
+segments its processes mapped (structure, not a memory figure).
+
+The tests share the run and build on each other's state, in file order.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import psutil
+import pytest
 
 from tests.helpers import procs
-from tests.helpers.api import HTTP
+from tests.helpers.api import HTTP, completion, plain_client
 from tests.helpers.waiting import wait_until
 
+# vLLM names its processes: the engine core and the workers by process title (/proc/<pid>/comm
+# keeps 15 characters of it), the API server by its module on the command line.
+KINDS = {
+    "api_server": lambda p: "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline()),
+    "engine_core": lambda p: p.name().startswith("VLLM::EngineCor"),
+    "worker": lambda p: p.name().startswith("VLLM::Worker"),
+}
+# (what dies, whether a stream is in flight when it does), after the launcher's own death (restart 1)
+KILLS = (("api_server", True), ("engine_core", False), ("worker", True))
 
-def test_up_serves_restarts_a_dead_engine_then_sigint_leaves_no_process(tiny_model_dir, log_dir):
-    with procs.up(tiny_model_dir, log_dir) as u:
-        proc, port, engine_port, log_path = u.proc, u.port, u.engine_port, u.log_path
-        out = log_path.read_text()
-        assert f"http://127.0.0.1:{port}" in out and "curl " in out
-        # No key configured: the quick start, and only it, serves without auth, and says so.
-        assert "auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)" in out
-        resp = HTTP.post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            timeout=60,
-            json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5},
-        )
-        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
-        # The engine's /v1 is guarded by the generated pod-local key: only the sidecar gets in.
-        assert HTTP.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=5).status_code == 401
-        # The terminal shows progress, not vLLM's start-up chatter (the engine's log has it).
-        assert "Application startup complete" not in log_path.read_text(errors="replace")
 
-        # The engine dies: `up` says so, restarts it with backoff, and the same sidecar serves again.
-        # The launcher's group holds the launcher alone (vLLM's API server has a group of its own),
-        # so what is left of vLLM is up's to end (tests/engine/test_up_engine_death.py checks that).
-        sidecar_pid = next(c.pid for c in psutil.Process(proc.pid).children() if "sidecar" in " ".join(c.cmdline()))
-        dead = u.engine_launcher()
-        os.killpg(dead.pid, signal.SIGKILL)
+def engine_processes(launcher: psutil.Process) -> dict[str, psutil.Process] | None:
+    """The launcher's vLLM processes by kind, once all three exist."""
+    found: dict[str, psutil.Process] = {}
+    for p in launcher.children(recursive=True):
+        for kind, is_kind in KINDS.items():
+            try:
+                if is_kind(p):
+                    found.setdefault(kind, p)
+            except psutil.Error:
+                pass
+    return found if len(found) == len(KINDS) else None
 
-        console = u.console
-        wait_until(lambda: "restarting the engine in" in console(), 30, "up to notice the dead engine")
-        wait_until(lambda: "engine restarted (restart 1)" in console(), 30, "the engine restarted")
-        wait_until(lambda: "ready again in " in console(), 420, "ready again after the restart", interval_s=1)
-        assert u.engine_launcher().pid != dead.pid
-        assert psutil.Process(sidecar_pid).is_running()  # the sidecar stayed up throughout
-        # Readiness may dip again while the fresh engine settles on a busy machine (a slow /health
-        # is a not-ready): wait for it rather than sample it once.
-        wait_until(
-            lambda: HTTP.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200,
-            120,
-            "/ready true after the restart",
-            interval_s=0.5,
-        )
-        resp = HTTP.post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            timeout=60,
-            json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 3},
-        )
-        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        family += [
-            p.pid for p in psutil.process_iter(["cmdline"]) if str(engine_port) in " ".join(p.info["cmdline"] or [])
-        ]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=90) == 0
 
-        def alive() -> list[int]:
-            return [
-                pid
-                for pid in set(family)
-                if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-            ]
-
+def of_engine(sid: int, groups: set[int]) -> list[str]:
+    """Live processes in the old engine's session or in one of its process groups."""
+    left = []
+    for p in psutil.process_iter(["name", "status"]):
         try:
-            wait_until(lambda: not alive(), 5, "every process of up gone")
-        except AssertionError:
-            raise AssertionError(f"left behind: {alive()}") from None
-        assert "stopped" in log_path.read_text()
-        # The terminal shows progress; the children's output went to the log files it named.
-        assert "Application startup complete" in (log_dir / "up-logs" / "engine.log").read_text(errors="replace")
-        assert "sidecar started" in (log_dir / "up-logs" / "sidecar.log").read_text()
+            if p.info["status"] != psutil.STATUS_ZOMBIE and (os.getsid(p.pid) == sid or os.getpgid(p.pid) in groups):
+                left.append(f"{p.pid} {p.info['name']} rss={p.memory_info().rss // 2**20} MiB")
+        except (psutil.Error, OSError):  # gone meanwhile
+            pass
+    return left
+
+
+def shared_memory(pids: set[int]) -> set[str]:
+    """The /dev/shm segments these processes map (vLLM's message queues between its processes)."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        found |= {line.split()[-1] for line in maps.splitlines() if " /dev/shm/" in line}
+    return found
+
+
+class Stream(threading.Thread):
+    """A long streamed completion through the sidecar; `started` is set at its first bytes."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.started = url, threading.Event()
+
+    def run(self) -> None:
+        body = completion("Tell me a long story", max_tokens=1500, stream=True, ignore_eos=True)
+        try:
+            with (
+                plain_client(timeout=120) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=body) as resp,
+            ):
+                for _ in resp.iter_bytes():
+                    self.started.set()
+        except httpx.HTTPError:
+            pass  # the engine died under it: that is the point
+
+
+def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> None:
+    """Kill the current engine's `target`, wait for `up` to restart the engine, and check that
+    nothing of the old one remains."""
+    launcher = u.engine_launcher()
+    vllm = wait_until(lambda: engine_processes(launcher), 60, "the engine's three vLLM processes")
+    sid, groups = os.getsid(launcher.pid), {os.getpgid(p.pid) for p in (launcher, *vllm.values())}
+    assert sid == launcher.pid  # up starts each engine in a session of its own
+    tree = {launcher.pid} | {c.pid for c in launcher.children(recursive=True)}
+    segments = shared_memory(tree)
+    stream = None
+    if mid_stream:
+        stream = Stream(u.url)
+        stream.start()
+        assert stream.started.wait(60), "the stream never started"
+    victim = vllm[target]
+    engine_log = u.logs / "engine.log"
+    seen = engine_log.stat().st_size
+    t_kill = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    wait_until(
+        lambda: f"engine restarted (restart {restart})" in u.console(),
+        90,
+        f"up to restart the engine after its {target} was killed",
+        interval_s=0.2,
+    )
+    took = time.monotonic() - t_kill
+    left = of_engine(sid, groups)
+    print(
+        f"{target} killed {'mid-stream' if mid_stream else 'idle'} (pid {victim.pid}); up restarted the engine "
+        f"{took:.1f} s later; left of the old engine (session {sid}, groups {sorted(groups)}): {left or 'nothing'}"
+    )
+    said = engine_log.read_bytes()[seen:].decode(errors="replace").splitlines()
+    for line in said:  # what the launcher found and did (ended leftovers, needed SIGKILL)
+        if "engine processes behind" in line or "SIGKILL" in line:
+            print(f"  launcher: {line.strip()}")
+    kept = sorted(x for x in segments if Path(x).exists())
+    print(f"  its /dev/shm segments: {len(segments)}, still there: {kept}")
+    assert left == [], f"after the {target} was killed, processes of the old engine remain: {left}"
+    # Its shared memory too: the resource tracker unlinks it, if it is not killed before the others.
+    assert kept == [], f"after the {target} was killed, the old engine's shared memory remains"
+    assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    if stream is not None:
+        stream.join(30)
+        assert not stream.is_alive(), "the stream outlived its engine"
+
+
+def wait_ready_again(u: procs.Up, restarts: int) -> None:
+    t0 = time.monotonic()
+    wait_until(
+        lambda: u.console().count("ready again in ") >= restarts, 420, "ready again after the restart", interval_s=1
+    )
+    wait_until(
+        lambda: HTTP.get(f"{u.url}/ready", timeout=5).status_code == 200,
+        120,
+        "/ready true after the restart",
+        interval_s=0.5,
+    )
+    print(f"  ready again {time.monotonic() - t0:.0f} s later")
+
+
+@pytest.fixture(scope="module")
+def up(tiny_model_dir, log_dir) -> Iterator[procs.Up]:
+    t0 = time.monotonic()
+    with procs.up(tiny_model_dir, log_dir) as u:
+        print(f"\nup ready in {time.monotonic() - t0:.0f} s")
+        yield u
+
+
+def test_up_serves_without_keys_and_only_the_sidecar_reaches_the_engine(up):
+    out = up.console()
+    assert f"http://127.0.0.1:{up.port}" in out and "curl " in out
+    # No key configured: the quick start, and only it, serves without auth, and says so.
+    assert "auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)" in out
+    resp = HTTP.post(
+        f"{up.url}/v1/completions", timeout=60, json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5}
+    )
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
+    # The engine's /v1 is guarded by the generated pod-local key: only the sidecar gets in.
+    assert HTTP.get(f"http://127.0.0.1:{up.engine_port}/v1/models", timeout=5).status_code == 401
+    # The terminal shows progress, not vLLM's start-up chatter (the engine's log has it).
+    assert "Application startup complete" not in up.console()
+
+
+def test_a_killed_launcher_is_restarted_while_the_sidecar_serves_on(up):
+    # The engine dies: `up` says so, restarts it with backoff, and the same sidecar serves again.
+    # The launcher's group holds the launcher alone (vLLM's API server has a group of its own),
+    # so what is left of vLLM is up's to end (the next test checks that for each of vLLM's processes).
+    sidecar_pid = next(c.pid for c in psutil.Process(up.proc.pid).children() if "sidecar" in " ".join(c.cmdline()))
+    dead = up.engine_launcher()
+    os.killpg(dead.pid, signal.SIGKILL)
+
+    wait_until(lambda: "restarting the engine in" in up.console(), 30, "up to notice the dead engine")
+    wait_until(lambda: "engine restarted (restart 1)" in up.console(), 30, "the engine restarted")
+    wait_ready_again(up, 1)
+    assert up.engine_launcher().pid != dead.pid
+    assert psutil.Process(sidecar_pid).is_running()  # the sidecar stayed up throughout
+    resp = HTTP.post(
+        f"{up.url}/v1/completions", timeout=60, json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 3}
+    )
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(up):
+    t0 = time.monotonic()
+    for restart, (target, mid_stream) in enumerate(KILLS, start=2):
+        wait_ready_again(up, restart - 1)
+        kill_and_check(up, restart, target, mid_stream)
+    print(f"test wall time {time.monotonic() - t0:.0f} s")
+
+
+def test_sigint_while_the_engine_restarts_stops_everything(up):
+    # The last kill's restart is under way: Ctrl-C now meets an engine still starting, once its
+    # three vLLM processes exist.
+    launcher = up.engine_launcher()
+    wait_until(lambda: engine_processes(launcher), 120, "the restarted engine's three vLLM processes")
+    family = [up.proc.pid] + [c.pid for c in psutil.Process(up.proc.pid).children(recursive=True)]
+    family += [
+        p.pid for p in psutil.process_iter(["cmdline"]) if str(up.engine_port) in " ".join(p.info["cmdline"] or [])
+    ]
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(timeout=90) == 0
+
+    def alive() -> list[int]:
+        gone = psutil.STATUS_ZOMBIE
+        return [pid for pid in set(family) if psutil.pid_exists(pid) and psutil.Process(pid).status() != gone]
+
+    try:
+        wait_until(lambda: not alive(), 5, "every process of up gone")
+    except AssertionError:
+        raise AssertionError(f"left behind: {alive()}") from None
+    assert "stopped" in up.console()
+    # The terminal shows progress; the children's output went to the log files it named.
+    assert "Application startup complete" in (up.logs / "engine.log").read_text(errors="replace")
+    assert "sidecar started" in (up.logs / "sidecar.log").read_text()

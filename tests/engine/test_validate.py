@@ -1,8 +1,11 @@
 """validate against the real vLLM CPU engine: agrees in float32, and proves it can fail.
 
-Two extra engines, one after the other (about a minute each): the tiny stand-in in float32, and a
-copy whose layer-1 MLP output projection carries large noise (a stand-in for a broken kernel or
-a mis-loaded layer), both judged against the fp32 reference of the ORIGINAL checkpoint.
+Both run on the tier's shared engine, which serves the tiny stand-in in float32. validate judges
+the disagreement between what the engine generates and what the fp32 reference generates from
+--model-dir. To make it fail, the reference is given a copy whose layer-1 MLP output projection
+carries large noise (a stand-in for a broken kernel or a mis-loaded layer): the same disagreement
+as an engine serving that copy against the original, seen from the other side, without starting
+an engine of its own (a minute or more on two cores).
 """
 
 from __future__ import annotations
@@ -50,10 +53,10 @@ def perturb(src: Path, dst: Path, tensor: str = PERTURBED_TENSOR, std: float = 1
     return dst
 
 
-def test_float32_engine_agrees_with_the_fp32_reference(tiny_model_dir: Path, start_engine, tmp_path: Path) -> None:
-    with start_engine(tiny_model_dir, dtype="float32") as eng:
-        quick = _validate(eng.url, eng.api_key, tiny_model_dir, tmp_path / "quick", "--quick")
-        full = _validate(eng.url, eng.api_key, tiny_model_dir, tmp_path / "full")
+def test_float32_engine_agrees_with_the_fp32_reference(tiny_model_dir: Path, engine_server, tmp_path: Path) -> None:
+    eng = engine_server
+    quick = _validate(eng.url, eng.api_key, tiny_model_dir, tmp_path / "quick", "--quick")
+    full = _validate(eng.url, eng.api_key, tiny_model_dir, tmp_path / "full")
     assert quick.returncode == 0, quick.stdout + quick.stderr
     assert json.loads((tmp_path / "quick" / "quick.json").read_text())["ok"] is True
     assert full.returncode == 0, full.stdout + full.stderr
@@ -68,10 +71,9 @@ def test_float32_engine_agrees_with_the_fp32_reference(tiny_model_dir: Path, sta
     assert "random-weight stand-in" in (tmp_path / "full" / "report.md").read_text()
 
 
-def test_perturbed_weights_are_called_suspicious(tiny_model_dir: Path, start_engine, tmp_path: Path) -> None:
+def test_perturbed_weights_are_called_suspicious(tiny_model_dir: Path, engine_server, tmp_path: Path) -> None:
     broken = perturb(tiny_model_dir, tmp_path / "perturbed")
-    with start_engine(broken, dtype="float32") as eng:
-        res = _validate(eng.url, eng.api_key, tiny_model_dir, tmp_path / "out")
+    res = _validate(engine_server.url, engine_server.api_key, broken, tmp_path / "out")
     assert res.returncode == 1, res.stdout + res.stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["summary"]["suspicious"] is True

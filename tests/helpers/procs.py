@@ -152,6 +152,43 @@ def engine(
         stop(proc)
 
 
+class RestartableEngine:
+    """procs.engine on a port fixed at construction, so that a sidecar in front of it finds a
+    restarted engine where the old one was. `server` is the running engine's Server (None when
+    stopped)."""
+
+    def __init__(self, model_dir: Path, log_dir: Path, dtype: str = "bfloat16") -> None:
+        self.model_dir, self.log_dir, self.dtype = model_dir, log_dir, dtype
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._cm: contextlib.AbstractContextManager[Server] | None = None
+        self.server: Server | None = None
+
+    def start(self) -> float:
+        """Start it and wait until it serves; returns the seconds that took."""
+        t0 = time.monotonic()
+        self._cm = engine(self.model_dir, self.log_dir, dtype=self.dtype, port=self.port)
+        self.server = self._cm.__enter__()
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        """TERM its group, then KILL whatever is left of its session (procs.stop); a stopped
+        (SIGSTOP) group is continued first, since it ignores SIGTERM until then."""
+        if self.server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal_session(self.server.proc.pid, signal.SIGCONT)
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+            self._cm = None
+        self.server = None
+
+    @property
+    def pid(self) -> int:
+        """The launcher's pid: the leader of the engine's session."""
+        assert self.server is not None, "the engine is not running"
+        return self.server.proc.pid
+
+
 @contextlib.contextmanager
 def sidecar(
     engine_url: str,

@@ -175,6 +175,9 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TORCH_CPU_INDEX_URL": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
+    "PALMYRA_TEST_WORKERS": ("test.sh", "parallel workers of the tiers that start no engine"),
+    "PALMYRA_TEST_PREBUILD": ("test.sh", "the container images built in the background"),
+    "PALMYRA_TEST_REPORTS": ("test.sh", "where each pytest run writes its JUnit file"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_RELIABILITY_FIGURES": (

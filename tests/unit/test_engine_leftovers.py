@@ -5,7 +5,7 @@ core and worker (and a multiprocessing resource tracker that ignores SIGTERM) li
 re-parented to init, because `up` stopped only a launcher that was still running. Here plain
 dummy processes stand in for vLLM's: an "API server" that forks children which ignore SIGTERM,
 one of them in a session of its own (the launcher must still find it), and that then dies or
-exits. The engine tier does the same to the real vLLM CPU engine (tests/engine/test_up_engine_death.py).
+exits. The engine tier does the same to the real vLLM CPU engine (tests/engine/test_up.py).
 """
 
 from __future__ import annotations
