@@ -71,18 +71,6 @@ def sidecar_metric(sidecar_url: str, line_prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_prefix))
 
 
-def access_durations_s(server_log: str, status: int) -> list[float]:
-    """Durations the sidecar itself logged for requests answered with `status`: time inside the
-    sidecar, free of the loopback delays these 2-vCPU VMs add under load (seconds, at times)."""
-    out = []
-    for line in server_log.splitlines():
-        if '"palmyra.access"' in line:
-            record = json.loads(line)
-            if record["status"] == status:
-                out.append(record["duration_ms"] / 1000)
-    return out
-
-
 def ready(url: str) -> bool:
     return HTTP.get(f"{url}/ready", timeout=2).status_code == 200
 

@@ -1,7 +1,7 @@
 """`palmyra-serve up` end to end, on one `up` run (each engine start costs a minute or more here):
 a real completion with the quick start's settings; the engine's launcher killed, then each of
-vLLM's processes killed, each restarted by `up` while the sidecar stays up; Ctrl-C during the
-last restart leaves nothing.
+vLLM's processes killed, each restarted by `up` while the sidecar stays up; Ctrl-C while the
+last restart is still starting leaves nothing.
 
 Nothing of a dead engine survives it, whichever of its processes died. Regression for a fault run
 of the quick start: after vLLM's API server was SIGKILLed (idle or mid-stream) `up` restarted the
@@ -213,10 +213,9 @@ def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(up):
 
 
 def test_sigint_while_the_engine_restarts_stops_everything(up):
-    # The last kill's restart is under way: Ctrl-C now meets an engine still starting, once its
-    # three vLLM processes exist.
-    launcher = up.engine_launcher()
-    wait_until(lambda: engine_processes(launcher), 120, "the restarted engine's three vLLM processes")
+    # The last kill's restart is under way: Ctrl-C now meets an engine still starting (waiting
+    # for it to be ready first would cost a whole engine start).
+    up.engine_launcher()  # the restarted engine's launcher is there
     family = [up.proc.pid] + [c.pid for c in psutil.Process(up.proc.pid).children(recursive=True)]
     family += [
         p.pid for p in psutil.process_iter(["cmdline"]) if str(up.engine_port) in " ".join(p.info["cmdline"] or [])

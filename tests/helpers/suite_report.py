@@ -6,8 +6,9 @@ of every run.
 
 A tier's time is the sum of its tests' times (set-up, call and tear-down, as pytest's JUnit file
 records them): the work the tier costs, whether its tests ran one after the other or on parallel
-workers. The budgets are the ones CONTRIBUTING.md states; a tier over its budget is named, never
-failed here (timings are noisy: a budget is kept by review, not by a timed test).
+workers. The budgets are BUDGET_S below (CONTRIBUTING.md says how a change keeps to them); a tier
+over its budget is named, never failed here: timings are noisy, so a budget is kept by review, not
+by a timed test.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-# Seconds of pytest time per tier on the 2-core machine CI runs on (CONTRIBUTING.md, "Tests").
-BUDGET_S = {"unit": 120, "static": 240, "app": 600, "engine": 900, "container": 600}
+# Seconds of pytest time per tier on the 2-core machine CI runs on: what ./test.sh measured from a
+# fresh clone on an AVX2-only 2-core EPYC (unit 92, static 318, app 676 on 3 workers beside the
+# image build; engine 863, container 489), plus room for noise and the open work's new tests.
+BUDGET_S = {"unit": 120, "static": 360, "app": 780, "engine": 900, "container": 600}
 
 
 @dataclass
