@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Seconds of pytest time per tier on the 2-core machine CI runs on: what ./test.sh measured from a
-# fresh clone on an AVX2-only 2-core EPYC (unit 92, static 318, app 676 on 3 workers beside the
-# image build; engine 863, container 489), plus room for noise and the open work's new tests.
+# fresh clone on an AVX2-only 2-core EPYC (unit 80-92, static 293-318, app 586-676 on 3 workers beside the
+# image build; engine 751-863, container 425-489, two runs), plus room for noise and new tests.
 BUDGET_S = {"unit": 120, "static": 360, "app": 780, "engine": 900, "container": 600}
 
 
