@@ -8,8 +8,8 @@
 # Up to three pytest runs, one after the other: the tiers that start no engine (unit, static, app)
 # on PALMYRA_TEST_WORKERS parallel workers (default 3; 0 runs them in this process), then the
 # container tier alone, then the engine tier alone. Each writes a JUnit file into
-# PALMYRA_TEST_REPORTS (default .test-reports/); the closing report sums them per tier against
-# the budgets in CONTRIBUTING.md and ends with one line counting every run's tests.
+# PALMYRA_TEST_REPORTS (default .test-reports/); the closing report (tests/helpers/suite_report.py)
+# sums them per tier against its budgets and ends with one line counting every run's tests.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}

@@ -23,8 +23,8 @@ STREAMS = 6
 # the six on an AVX2 machine).
 STREAM_S = 20.0
 MIN_TOKENS, MAX_TOKENS = 300, 2000
-# The grace covers the streams at a twentieth of the measured speed: with two test runs sharing
-# the 2 cores the six streams once took over 60 s. The sidecar exits as soon as they end, so a
+# The grace covers the streams at a twelfth of the measured speed (240 s for 20 s of tokens): with
+# two test runs sharing the 2 cores the six streams once took over 60 s. The sidecar exits as soon as they end, so a
 # long grace costs nothing.
 DRAIN_TIMEOUT_S = 240.0
 
