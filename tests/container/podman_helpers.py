@@ -139,10 +139,5 @@ def completion(base_url: str, max_tokens: int = 8, api_key: str | None = None) -
     )
 
 
-def probe_cmd(url: str) -> str:
-    """A --health-cmd for podman run: the shipped probe at another port."""
-    return json.dumps(["python3", PROBE, url, "--timeout", "3"])
-
-
 def env_with(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}

@@ -3,11 +3,10 @@ plus the test-only override (host networking for the namespace holder, local ima
 ports). model-init-cpu fills the project's `models` volume (the tiny stand-in, built inside the
 container), the CPU engine serves it, the sidecar in front reaches /ready and returns real tokens;
 the engine and the sidecar really share the holder's network namespace, the engine listens on its
-loopback only, and a restarted sidecar finds the engine again; then `down -v` leaves nothing
-behind. podman-compose's `service_healthy` waits can hang, so the test waits on the sidecar's
-/ready itself.
-
-Needs the sidecar's /engine/metrics relay (issue 14) for the metrics check.
+loopback only, both run as non-root users, the engine image's shipped probe passes against the live
+engine, a restarted sidecar finds the engine again, and with the engine stopped its probe fails
+while the sidecar's own liveness holds; then `down -v` leaves nothing behind. podman-compose's
+`service_healthy` waits can hang, so the test waits on the sidecar's /ready itself.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.container.podman_helpers import (
+    PROBE,
     REPO,
     BuiltImages,
     completion,
@@ -155,6 +155,26 @@ def test_engine_and_sidecar_share_the_holders_namespace(stack: dict[str, str]) -
     assert status == 200
 
 
+def test_both_containers_run_as_non_root(stack: dict[str, str]) -> None:
+    containers = names(stack)
+    assert podman("exec", containers["engine-cpu"], "id", "-u").stdout.strip() == "1000"
+    assert podman("exec", containers["engine-cpu"], "id", "-un").stdout.strip() == "HwHiAiUser"
+    sidecar = podman("exec", containers["sidecar"], "id", "-u").stdout.strip()
+    assert sidecar.isdigit() and sidecar != "0"
+
+
+def engine_probe(container: str) -> subprocess.CompletedProcess[str]:
+    """The engine image's HEALTHCHECK command (tests/container/test_images.py checks it is declared
+    so), aimed at this stack's engine port instead of the default 8000."""
+    url = f"http://127.0.0.1:{ENGINE_PORT}/health"
+    return podman("exec", container, "python3", PROBE, url, "--timeout", "3", check=False)
+
+
+def test_the_engine_images_shipped_probe_passes_against_the_live_engine(stack: dict[str, str]) -> None:
+    result = engine_probe(names(stack)["engine-cpu"])
+    assert result.returncode == 0 and "unhealthy" not in result.stdout, result.stdout + result.stderr
+
+
 def test_a_restarted_sidecar_finds_the_engine_again(stack: dict[str, str]) -> None:
     containers = names(stack)
     engine_pid = podman("inspect", containers["engine-cpu"], "--format", "{{.State.Pid}}").stdout.strip()
@@ -172,6 +192,17 @@ def test_compose_healthchecks_pass(stack: dict[str, str]) -> None:
     for service in ("engine-cpu", "sidecar"):
         result = podman("healthcheck", "run", containers[service], check=False, timeout=60)
         assert result.returncode == 0, f"{service}: {result.stdout}{result.stderr}"
+
+
+def test_the_engine_probe_fails_when_the_engine_is_gone_and_the_sidecar_stays_live(stack: dict[str, str]) -> None:
+    # Next to last: stops the engine. The sidecar's own liveness must stay healthy: it must not be
+    # restarted for the engine's fault.
+    containers = names(stack)
+    podman("stop", "-t", "40", containers["engine-cpu"], timeout=120)
+    result = engine_probe(containers["sidecar"])  # same namespace: the engine's loopback port
+    assert result.returncode == 1 and "unhealthy" in result.stdout, result.stdout + result.stderr
+    sidecar = podman("healthcheck", "run", containers["sidecar"], check=False, timeout=60)
+    assert sidecar.returncode == 0, sidecar.stdout + sidecar.stderr
 
 
 def test_down_leaves_nothing(stack: dict[str, str]) -> None:

@@ -169,6 +169,7 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_VENV": ("bootstrap.sh", "install script, runs before the package exists"),
     "PALMYRA_EXTRAS": ("bootstrap.sh", "install script, runs before the package exists"),
     "PALMYRA_TORCH_INDEX": ("bootstrap.sh", "install script, runs before the package exists"),
+    "PALMYRA_PIP_ARGS": ("bootstrap.sh", "install script, runs before the package exists"),
     "PALMYRA_CA_BUNDLE": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_WHEELS_DIR": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_PYTHON_BASE": ("scripts/podman/build-image.sh", "image build script"),
