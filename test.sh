@@ -91,7 +91,9 @@ run_pytest() {
   local marker=${chosen[0]} i
   for ((i = 1; i < ${#chosen[@]}; i++)); do marker="$marker or ${chosen[i]}"; done
   local xdist=()
-  [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile)
+  # loadfile: a module's tests share its fixtures on one worker; in collection order, which puts
+  # the longest modules first (tests/conftest.py), not xdist's order by number of tests.
+  [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
   log "pytest -m '$marker' ${xdist[*]}"
   local t0=$SECONDS rc=0
   "$VENV/bin/python" -m pytest -m "$marker" "${xdist[@]}" --junitxml="$REPORTS/$name.xml" "${pytest_args[@]}" || rc=$?

@@ -23,11 +23,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("long") and not long_enabled:
             item.add_marker(pytest.mark.skip(reason="long variant: run with PALMYRA_LONG=1"))
-    # pytest-xdist (--dist loadfile) hands modules out in this order as workers free up: the longest
-    # first, so that the run ends when the sum of the work does, not one long module after it (a
-    # 2-minute module collected last once kept one worker busy 3 minutes after the others). Stable:
-    # every other module keeps its place.
-    items.sort(key=lambda item: item.get_closest_marker("runs_long") is None)
+    # pytest-xdist hands modules out in collection order (test.sh passes --no-loadscope-reorder;
+    # by default it would order them by their number of tests): the longest first, so that no
+    # worker starts one of them when the others are nearly done (seen: 3 minutes after them).
+    # Stable: every other module keeps its place.
+    items.sort(key=lambda item: _longest_first(Path(str(item.fspath)).relative_to(REPO).as_posix()))
+
+
+# The modules of the parallel tiers with the longest test time, longest first (measured: a minute
+# or more each, most of it waiting on query windows, drains and timers).
+LONGEST_MODULES = (
+    "tests/app/test_autoscaling_live.py",
+    "tests/app/test_edge_front.py",
+    "tests/static/test_ascend_image.py",
+    "tests/app/test_rollout.py",
+    "tests/static/test_lint.py",
+)
+
+
+def _longest_first(path: str) -> int:
+    return LONGEST_MODULES.index(path) if path in LONGEST_MODULES else len(LONGEST_MODULES)
 
 
 LOG_LINES_KEPT = 150

@@ -33,8 +33,6 @@ LIMIT = 4  # PALMYRA_MAX_IN_FLIGHT of the sidecar under test
 JOB = "palmyra-sidecar"
 HPA_TOLERANCE = 0.1  # kube-controller-manager's default --horizontal-pod-autoscaler-tolerance
 
-pytestmark = pytest.mark.runs_long  # started first by the parallel tiers (tests/conftest.py)
-
 
 local_prometheus = load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
 

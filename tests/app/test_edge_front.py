@@ -19,8 +19,6 @@ from tests.helpers.waiting import wait_until
 # warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
 ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
 
-pytestmark = pytest.mark.runs_long  # started first by the parallel tiers (tests/conftest.py)
-
 
 def leaked(client, engine, marker: str) -> list[str]:
     """Requests the engine saw that it should not have: a path off the allow-list, or one of ours."""

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.rollout import HEADER, Report, simulate
 
 # HAProxy checks /ready every second and drops a replica after 3 failures: 2-3 s of propagation.
 INTER_S, FALL = 1.0, 3
 PROPAGATION_S = 5.0  # the sidecar keeps serving this long after SIGTERM: above the 3 s worst case
-pytestmark = pytest.mark.runs_long  # started first by the parallel tiers (tests/conftest.py)
 
 
 def _show(report: Report) -> str:

@@ -35,7 +35,7 @@ from packaging.version import Version
 from tests.static import ascend_command as cmd
 from tests.static import ascend_upstream as up
 
-pytestmark = [pytest.mark.static, pytest.mark.runs_long]  # started first by the parallel tiers (tests/conftest.py)
+pytestmark = pytest.mark.static
 
 
 REPO = up.REPO

@@ -20,12 +20,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 # What is checked, relative to the repository root; mypy's own list is [tool.mypy] files.
 PATHS = ("service/", "tests/", "benchmarks/", "scripts/", "monitoring/")
-pytestmark = pytest.mark.runs_long  # started first by the parallel tiers (tests/conftest.py)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
