@@ -243,8 +243,12 @@ COPY docker/engine-entrypoint.sh /opt/palmyra/bin/engine-entrypoint.sh
 # vLLM's, Hugging Face's, ModelScope's, torch inductor's and numba's caches, CANN's cache and work
 # paths. The entrypoint creates them (an emptyDir starts empty), and also applies what upstream's
 # image puts in root's .bashrc, which no non-interactive process reads (jemalloc, /usr/local/lib).
+# HWHIAIUSER_UID/GID record the ids this image was built with: `palmyra-serve doctor` compares the
+# node's HwHiAiUser with them.
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    HWHIAIUSER_UID=${HWHIAIUSER_UID} \
+    HWHIAIUSER_GID=${HWHIAIUSER_GID} \
     PALMYRA_PLATFORM=ascend \
     PALMYRA_MODEL_DIR=/models/palmyra-mini \
     PALMYRA_CANN_ENV=required \

@@ -88,7 +88,18 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if args.print_command:
         print(cmd.redacted())
         return 0
+    if platform == "ascend":
+        from palmyra_serve.doctor.command import preflight
+
+        if not preflight(settings, settings.doctor):
+            return 1
     return run(cmd)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from palmyra_serve.doctor.command import run
+
+    return run(args, _settings(args))
 
 
 def cmd_sidecar(args: argparse.Namespace) -> int:
@@ -164,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the vLLM command (the environment it sets, key masked, then argv) and exit",
     )
     p.set_defaults(func=cmd_engine)
+
+    p = sub.add_parser("doctor", help="check an Ascend host before the engine starts: what fails, and the fix")
+    from palmyra_serve.doctor.command import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(p)
+    p.add_argument(
+        "--platform",
+        default=S,
+        choices=_choices("platform"),
+        help="PALMYRA_PLATFORM (ascend: a host without the driver is a failure)",
+    )
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("sidecar", help="run the sidecar in front of the engine")
     _add_listen(p, "port", 8080)

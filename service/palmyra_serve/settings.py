@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     npu_devices: str | None = Field(
         None, description="Ascend devices to use, exported as ASCEND_RT_VISIBLE_DEVICES (e.g. '0')."
     )
+    doctor: Literal["stop", "warn", "off"] = Field(
+        "stop",
+        description="Ascend: `palmyra-serve engine` runs doctor's checks before vLLM; stop: not starting when one "
+        "is certain to fail (no device node, a device this user may not open, ...), warn: log only, off: skip.",
+    )
     cpu_kvcache_gib: int = Field(4, description="CPU engine KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     engine_extra_args: str = Field("", description="Extra vLLM server arguments, appended verbatim (shell-split).")
 

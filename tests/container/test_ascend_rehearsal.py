@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.container.podman_helpers import PODMAN_DIR, podman, run_logged
+from tests.helpers import ascend_host
 from tests.static import ascend_command as cmd
 from tests.static import ascend_upstream as up
 
@@ -125,6 +126,7 @@ def run_as_operator(
     *command: str,
     env: dict[str, str] | None = None,
     groups: tuple[int, ...] = (),
+    mounts: tuple[str, ...] = (),
 ):
     args = [
         "run",
@@ -139,6 +141,8 @@ def run_as_operator(
         "-v",
         f"{models}:/models:ro",
     ]
+    for mount in mounts:
+        args += ["-v", mount]
     for gid in groups:
         args += ["--group-add", str(gid)]
     for key, value in (env or {}).items():
@@ -274,3 +278,33 @@ def test_missing_cann_script_stops_the_start(rehearsal_image: tuple[str, str], v
     scripts = "ascend-toolkit/set_env.sh cann-8.5.1/share/info/ascendnpu-ir/bin/set_env.sh.gone nnal/atb/set_env.sh"
     run = run_as_operator(image, cache, models, "true", env={"PALMYRA_CANN_ENV_SCRIPTS": scripts})
     assert run.returncode == 1 and "CANN environment incomplete" in run.stderr, run.stderr
+
+
+def test_doctor_in_the_image_judges_a_mounted_host_and_names_the_group_to_add(
+    rehearsal_image: tuple[str, str], volumes, tmp_path: Path
+) -> None:
+    """`palmyra-serve doctor --root /host` through the image's entrypoint, as the operator's first
+    check runs it: a stand-in 910B host (driver 25.5, the NPU and control devices of a HwHiAiUser
+    whose ids differ from the image's, npu-smi in /usr/local/sbin printing MindCluster's table)."""
+    image, _build = rehearsal_image
+    cache, models = volumes
+    host = ascend_host.build(
+        tmp_path / "host",
+        ascend_host.Layout(npu_smi_at="usr/local/sbin/npu-smi", user=(1000, NODE_GID), node_owner=(1000, NODE_GID)),
+    )
+    doctor = ("palmyra-serve", "doctor", "--root", "/host")
+    with_group = run_as_operator(image, cache, models, *doctor, groups=(NODE_GID,), mounts=(f"{host}:/host:ro",))
+    print(with_group.stdout, with_group.stderr)
+    assert with_group.returncode == 0, with_group.stdout + with_group.stderr
+    lines = with_group.stdout.splitlines()
+    assert "[ok  ] devices: /dev/davinci0 and the three control devices, all open to uid 1234" in lines
+    assert any(
+        line.startswith(f"[WARN] HwHiAiUser: HwHiAiUser here is 1000:{NODE_GID}, the image's is {UID}:{GID}")
+        for line in lines
+    )
+    assert "[ok  ] npu-smi: /usr/local/sbin/npu-smi answers" in lines
+    assert lines[-1] == "verdict: the engine can start; 1 warning(s) above may still stop it"
+    # Without the node's group the image's user cannot open the devices: a certain failure.
+    without = run_as_operator(image, cache, models, *doctor, mounts=(f"{host}:/host:ro",))
+    assert without.returncode == 1, without.stdout + without.stderr
+    assert f"HWHIAIUSER_GID={NODE_GID}" in without.stdout and "[STOP] devices:" in without.stdout

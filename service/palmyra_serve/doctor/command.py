@@ -1,0 +1,78 @@
+"""`palmyra-serve doctor` and the engine's preflight: gather, check, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+
+from palmyra_serve.doctor import facts
+from palmyra_serve.doctor.checks import Finding, Wanted, run_checks
+from palmyra_serve.doctor.host import gather
+from palmyra_serve.doctor.report import exit_status, render_json, render_text, verdict
+
+log = logging.getLogger(__name__)
+
+
+def image_ids(env: Mapping[str, str]) -> tuple[int, int]:
+    """HwHiAiUser's ids the image was built with: the Ascend image records its build arguments in
+    HWHIAIUSER_UID / HWHIAIUSER_GID; elsewhere the defaults the Dockerfile builds with."""
+
+    def number(name: str, default: int) -> int:
+        value = env.get(name, "")
+        return int(value) if value.isdigit() else default
+
+    return number("HWHIAIUSER_UID", facts.IMAGE_UID_DEFAULT), number("HWHIAIUSER_GID", facts.IMAGE_GID_DEFAULT)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="/", help="the host's root as mounted here (default /)")
+    p.add_argument(
+        "--image-arch",
+        dest="image_arch",
+        default=None,
+        help="the engine image's architecture (`docker image inspect -f '{{.Architecture}}' IMAGE`), "
+        "checked against this machine's",
+    )
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--no-npu-smi", dest="skip_npu_smi", action="store_true", help="do not run `npu-smi info`")
+
+
+def diagnose(root: str, want: Wanted, env: Mapping[str, str] | None = None, run_npu_smi: bool = True) -> list[Finding]:
+    return run_checks(gather(root, env, run_smi=run_npu_smi), want)
+
+
+def wanted(settings: object, env: Mapping[str, str], image_arch: str | None = None) -> Wanted:
+    uid, gid = image_ids(env)
+    return Wanted(
+        platform=str(getattr(settings, "platform", "auto")),
+        gpu_memory_utilization=float(getattr(settings, "gpu_memory_utilization", 0.85)),
+        enforce_eager=bool(getattr(settings, "enforce_eager", False)),
+        image_arch=image_arch,
+        image_uid=uid,
+        image_gid=gid,
+    )
+
+
+def run(args: argparse.Namespace, settings: object) -> int:
+    findings = diagnose(args.root, wanted(settings, os.environ, args.image_arch), run_npu_smi=not args.skip_npu_smi)
+    print(render_json(findings) if args.json else render_text(findings))
+    return exit_status(findings)
+
+
+def preflight(settings: object, mode: str) -> bool:
+    """The engine's start on Ascend: log every finding; False (do not start) when one is a stop
+    and mode is "stop". One `npu-smi info` and a few stat calls: ~0.1 s on a stand-in host."""
+    if mode == "off":
+        return True
+    findings = diagnose("/", wanted(settings, os.environ))
+    for f in findings:
+        level = logging.WARNING if f.level in ("warn", "stop") else logging.INFO
+        log.log(level, "doctor: %s: %s", f.check, f.message, extra={"fields": {"doctor": f.level, "fix": f.fix}})
+    result = verdict(findings)
+    if exit_status(findings) and mode == "stop":
+        log.error("doctor: %s; not starting vLLM (PALMYRA_DOCTOR=warn starts it anyway)", result)
+        return False
+    log.info("doctor: %s", result)
+    return True
