@@ -488,7 +488,7 @@ def engine() -> dict:
                         ],
                         unit="percentunit",
                         desc="vllm:kv_cache_usage_perc; "
-                        "older vLLM (Ascend 0.18 line) calls it vllm:gpu_cache_usage_perc.",
+                        "vLLM releases older than both engines here called it vllm:gpu_cache_usage_perc.",
                     ),
                     panel(
                         "Preemptions",

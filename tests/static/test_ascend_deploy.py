@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import http.server
+import json
 import os
 import re
 import shlex
@@ -31,6 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
+from palmyra_serve.doctor.facts import NPU_SMI_PATHS
+from tests.helpers.ascend_host import BASE_LIST
+from tests.static import ascend_command as cmd
+from tests.static import ascend_upstream as up
 from tests.static.ascend_command import image_env
 from tests.static.test_k8s import ASCEND, container, pod_spec, render
 
@@ -242,7 +247,12 @@ def test_ascend_host_driver_mounts_are_vllm_ascends(overlay):
         assert host == {}
         return
     _devices, upstream = upstream_docker_run()
-    assert set(host) == {p.rstrip("/") for p in upstream}
+    # vllm-ascend's `docker run` mounts, less what Ascend Docker Runtime (which both device plugins
+    # work through here) mounts itself: its base.list, read as upstream ships it. A second mount of
+    # a runtime path could clash with the runtime's; a fixed npu-smi path fails nodes without it.
+    runtime = set(BASE_LIST.read_text().split())
+    assert set(host) == {p.rstrip("/") for p in upstream} - runtime
+    assert not {p for p in host if p.endswith("/npu-smi")}
     # Typed, so a node without the driver fails with a FailedMount event, not an empty directory.
     assert set(host.values()) <= {"Directory", "File"}
 
@@ -292,8 +302,14 @@ def test_compose_engine_devices_and_mounts_are_vllm_ascends(rendered):
     devices, mounts = upstream_docker_run()
     assert engine["devices"] == ["/dev/davinci3" if d == "$DEVICE" else d for d in devices]
     volumes = {v.split(":")[0].rstrip("/"): v for v in engine["volumes"]}
+    # Every mount of vllm-ascend's `docker run`, read-only, but npu-smi's: its host path varies
+    # (doctor's facts: three places) and a bind mount of a missing path creates an empty directory.
+    smi = {"/" + p for p in NPU_SMI_PATHS}
     for path in mounts:
-        assert volumes[path.rstrip("/")].endswith(":ro"), path
+        if path in smi:
+            assert not any(target.split(":")[1] == path for target in engine["volumes"]), path
+        else:
+            assert volumes[path.rstrip("/")].endswith(":ro"), path
     # The NPUs a non-privileged container was given are numbered from 0 inside it.
     npus = [d for d in engine["devices"] if DAVINCI_N.match(d)]
     assert engine["environment"]["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(len(npus)))
@@ -487,3 +503,65 @@ def test_no_service_but_the_engine_gets_an_npu(rendered):
     for name, service in rendered.items():
         if name != "engine":
             assert not [d for d in service.get("devices", []) if "davinci" in str(d)], name
+
+
+# --- vLLM 0.18.0's own environment validation ----------------------------------------------------
+
+VALIDATE = r"""
+import json, os, sys
+for key in [k for k in os.environ if k.startswith("VLLM_")]:
+    del os.environ[key]
+import vllm.envs as envs
+results = {}
+for where, env in json.loads(sys.argv[1]).items():
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        envs.validate_environ(True)
+        results[where] = "ok"
+    except ValueError as exc:
+        results[where] = str(exc)
+    os.environ.clear()
+    os.environ.update(saved)
+print("VALIDATED " + json.dumps(results))
+"""
+
+
+def engine_environments() -> dict[str, dict[str, str]]:
+    """The environment vLLM starts in, per deployment: the image's ENV, what the deployment sets,
+    then what the launcher adds (tests/static/ascend_command.py prints it)."""
+    from tests.static.test_k8s import config_data
+
+    image = image_env()
+    launcher, _argv = cmd.host_command("ascend")
+    out = {"Dockerfile (engine-ascend)": {**image, **launcher}}
+    compose = {k: str(v) for k, v in compose_config()["engine"]["environment"].items()}
+    out["docker-compose.yml (engine)"] = {**image, **compose, **launcher}
+    for overlay in ASCEND:
+        objects = render(overlay)
+        engine = container(pod_spec(objects), "engine")
+        values = {e["name"]: e["value"] for e in engine.get("env", []) if "value" in e}
+        secrets = {e["name"]: "from-a-secret" for e in engine.get("env", []) if "valueFrom" in e}
+        out[f"k8s/overlays/{overlay}"] = {**image, **config_data(objects), **values, **secrets, **launcher}
+    return out
+
+
+def test_every_engine_environment_passes_vllm_018s_hard_environment_validation():
+    envs = engine_environments()
+    assert any(k.startswith("VLLM_") for env in envs.values() for k in env), "no VLLM_ variable at all"
+    # The control: the model card's VLLM_USE_V1=0 is unknown to vLLM 0.18, and the check says so.
+    envs["control: VLLM_USE_V1=0"] = {**envs["Dockerfile (engine-ascend)"], "VLLM_USE_V1": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", VALIDATE, json.dumps(envs)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(up.sdist_root("vllm", up.FACTS["recipe"]["vllm"]["version"]))},
+        timeout=300,
+        check=False,
+    )
+    lines = [x for x in run.stdout.splitlines() if x.startswith("VALIDATED ")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    results = json.loads(lines[0].removeprefix("VALIDATED "))
+    control = results.pop("control: VLLM_USE_V1=0")
+    assert control == "Unknown vLLM environment variable detected: VLLM_USE_V1"
+    assert results == dict.fromkeys(results, "ok"), results

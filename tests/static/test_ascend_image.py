@@ -236,7 +236,8 @@ for key, argv in json.loads(sys.argv[1]).items():
         else:
             sizes = getattr(cc, "cudagraph_capture_sizes", None)
         results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
-                        "eager": args.enforce_eager, "capture_sizes": sizes}
+                        "eager": args.enforce_eager, "capture_sizes": sizes,
+                        "additional": getattr(args, "additional_config", None)}
     except SystemExit as exc:
         results[key] = {"ok": False, "code": exc.code}
 print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
@@ -337,6 +338,10 @@ def test_the_settings_the_docs_recommend_reach_vllm_018_as_meant(parsed: dict) -
             # must not eat the JSON's quotes).
             meant = [int(n) for n in re.findall(r"\d+", value.split("capture_sizes", 1)[1])]
             assert got["capture_sizes"] == meant, f"{key}: vLLM got {got['capture_sizes']}"
+        if "enable_cpu_binding" in value:
+            # vllm-ascend reads additional_config["enable_cpu_binding"]: a bool, not the string.
+            assert got["additional"] == {"enable_cpu_binding": False}, f"{key}: vLLM got {got['additional']}"
+    assert any("enable_cpu_binding" in value for _, value in settings.values()), settings
 
 
 def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:

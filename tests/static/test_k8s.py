@@ -63,13 +63,9 @@ K8S_VERSIONS = ("1.27.0", "1.37.0")
 # What the sidecar serves on 8080 (contract: /health engine liveness, /health/sidecar its own
 # liveness, /ready readiness).
 SIDECAR_PORT = 8080
-ASCEND_HOST_PATHS = {
-    "/usr/local/Ascend/driver/lib64",
-    "/usr/local/Ascend/driver/version.info",
-    "/usr/local/dcmi",
-    "/usr/local/bin/npu-smi",
-    "/etc/ascend_install.info",
-}
+# The host driver's files the Ascend overlays mount beside Ascend Docker Runtime's own
+# (test_ascend_deploy.py derives the set from upstream's docker run and the runtime's base.list).
+ASCEND_HOST_PATHS = {"/usr/local/Ascend/driver/version.info", "/etc/ascend_install.info"}
 RESTART_OF_SIDECAR_S = 20  # upper end of a sidecar restart the engine must survive
 SECRET_ENV = {  # container -> env name -> (secret key, optional)
     # vLLM reads VLLM_API_KEY itself: the key never appears on the engine's command line.

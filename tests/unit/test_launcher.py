@@ -11,6 +11,7 @@ import pytest
 from palmyra_serve.engine import launcher
 from palmyra_serve.engine.launcher import EngineCommand, build_command
 from palmyra_serve.settings import Settings
+from tests.conftest import DATA
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -47,8 +48,20 @@ def test_ascend_command_sets_npu_env_and_memory_share(monkeypatch):
     monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
     cmd = build_command(Settings(npu_devices="2"), "/m", "ascend")
     assert flag(cmd.argv, "--gpu-memory-utilization") == "0.85"
-    assert cmd.env == {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "ASCEND_RT_VISIBLE_DEVICES": "2"}
+    assert cmd.env == {"ASCEND_RT_VISIBLE_DEVICES": "2"}
     assert "--api-key" not in cmd.argv
+
+
+def test_the_npu_allocator_setting_is_the_operators_or_vllm_ascends_never_the_launchers(monkeypatch):
+    # vllm-ascend adds expandable_segments:True itself, outside sleep mode, whose allocator asserts
+    # it is absent: a launcher default would break sleep mode (vendored upstream files, below).
+    monkeypatch.setenv("PYTORCH_NPU_ALLOC_CONF", "max_split_size_mb:256")
+    assert "PYTORCH_NPU_ALLOC_CONF" not in build_command(Settings(), "/m", "ascend").env  # passes through as is
+    platform_py = (DATA / "ascend-host" / "vllm-ascend-v0.18.0-platform.py.txt").read_text()
+    camem_py = (DATA / "ascend-host" / "vllm-ascend-v0.18.0-device_allocator_camem.py.txt").read_text()
+    assert "if model_config and not model_config.enable_sleep_mode:" in platform_py
+    assert 'os.getenv("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")' in platform_py
+    assert 'assert "expandable_segments:True" not in conf' in camem_py
 
 
 def test_drain_and_shutdown_timeout_agree_and_extra_args_append():
@@ -66,8 +79,8 @@ def test_print_command_prints_env_then_argv_without_the_key(capsys, monkeypatch,
     out = capsys.readouterr().out
     assert "topsecret" not in out and out.count("\n") == 1
     words = shlex.split(out)
-    assert words[:2] == ["PYTORCH_NPU_ALLOC_CONF=expandable_segments:True", "VLLM_API_KEY=***"]
-    assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"] and flag(words, "--model") == str(tmp_path)
+    assert words[:1] == ["VLLM_API_KEY=***"]
+    assert words[2:4] == ["-m", "vllm.entrypoints.openai.api_server"] and flag(words, "--model") == str(tmp_path)
 
 
 def test_a_missing_tmpdir_is_created_not_silently_replaced_by_tmp(tmp_path):

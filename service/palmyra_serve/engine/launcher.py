@@ -91,7 +91,10 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         argv.append("--enforce-eager")
     if platform == "ascend":
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
-        env["PYTORCH_NPU_ALLOC_CONF"] = os.environ.get("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+        # No PYTORCH_NPU_ALLOC_CONF: vllm-ascend sets expandable_segments:True itself, except in
+        # sleep mode, where its memory-pool allocator asserts the setting is absent
+        # (vllm_ascend/platform.py, device_allocator/camem.py at v0.18.0). An operator's value
+        # reaches vLLM through the environment unchanged.
         if settings.npu_devices is not None:
             env["ASCEND_RT_VISIBLE_DEVICES"] = settings.npu_devices
     elif platform == "cuda":
