@@ -189,8 +189,9 @@ CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 #   HWHIAIUSER_UID / HWHIAIUSER_GID: match `id HwHiAiUser` on the node (the driver install chose
 #   them; device nodes are HwHiAiUser's, mode 0660). Default 1000/1000.
 # Python: upstream installs into the CANN base's interpreter (/usr/local/python3.11.14, on PATH),
-# not a venv; so does this layer, with `python3 -m pip`. Its pip config names upstream's mirror:
-# PIP_INDEX_URL overrides it when given.
+# not a venv; so does this layer, with `python3 -m pip`, under the image's own pip config (the index
+# its build was given: upstream's Dockerfile defaults to a mirror, its image workflow passes the
+# package index's own URL). PIP_INDEX_URL overrides it when given.
 FROM py-builder AS project-wheel
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL=

@@ -6,7 +6,13 @@ README there for sources, versions and licenses):
 - MindCluster v7.3.0's Ascend Device Plugin and npu-exporter manifests: the node label the plugin
   runs on, its Volcano mode, and how npu-exporter is run (privileged, root, driver tree);
 - vllm-ascend v0.18.0's quick start (the devices and driver mounts of its own `docker run`), its
-  Kubernetes guide (the MindCluster and CCE resource names) and its CCE manifest (what it mounts).
+  Kubernetes guide (the MindCluster and CCE resource names) and its CCE manifest (what it mounts);
+- from tests/data/ascend-image/: MindCluster v7.3.0's ascend-for-volcano constants (the
+  `ring-controller.atlas` label and its 910B value, the node-label keys and accelerator types), the
+  `ascend` RuntimeClass of HAMi's ascend-device-plugin v1.4.0 and the runtime Ascend Docker
+  Runtime's installer (MindCluster v26.1.0) registers in containerd (the RuntimeClass's handler
+  must be it; the HAMi overlay must name that class, the other overlays none), and the ENV of
+  upstream's image (which no deployment may override).
 
 A wrong resource name, a device handed to the exporter or a mount upstream does not make fails
 here. The rendered Compose file comes from podman-compose itself, the Kubernetes objects from
@@ -21,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -140,12 +147,120 @@ def test_every_hami_chip_choice_matches_hami_and_covers_its_910b_family():
     assert set(offered) == {word for word in configs if word.startswith("Ascend910B")}
 
 
-def test_hami_overlay_uses_ascend_docker_runtime():
-    # HAMi's plugin only sets ASCEND_VISIBLE_DEVICES; Ascend Docker Runtime makes the devices.
-    assert pod_spec(render("ascend-hami"))["runtimeClassName"] == "ascend"
-    # HAMi fills in its configured runtimeClassName only where a pod names none (device.go), so the
-    # device-configmap carries the setting per chip model.
-    assert all("runtimeClassName" in c for c in hami_vnpus())
+# Where the docs tell operators which RuntimeClass the HAMi overlay needs.
+RUNTIME_CLASS_DOCS = ("k8s/README.md", "docs/ascend-troubleshooting.md")
+
+
+def needs_ascend_runtime(spec: dict[str, Any], configs: list[dict[str, Any]]) -> bool:
+    """Whether the engine asks for a HAMi resource: HAMi's ascend-device-plugin only sets
+    ASCEND_VISIBLE_DEVICES, and Ascend Docker Runtime makes the device nodes and driver mounts from
+    it (the plugin's docs: deploy the RuntimeClass, name it in the pod). MindCluster's plugin and
+    CCE's make the devices themselves or run where Ascend Docker Runtime is the node's default
+    runtime (its installer sets default_runtime_name / default-runtime), and name no class."""
+    limits = container(spec, "engine")["resources"]["limits"]
+    return any(c["resourceName"] in limits for c in configs)
+
+
+def runtime_class_problems(spec: dict[str, Any], root: Path = up.IMAGE_DATA) -> list[str]:
+    """An overlay's runtimeClassName against upstream's files: the RuntimeClass ascend-device-plugin
+    ships must have as handler the runtime Ascend Docker Runtime's installer registers; a pod that
+    needs that runtime must name that class (HAMi's device-configmap only passes on the chart value
+    devices.ascend.runtimeClassName, which an operator may leave empty); others name none."""
+    runtime_class = up.ascend_runtime_class(root)
+    name, handler = runtime_class["metadata"]["name"], runtime_class["handler"]
+    registered = up.ascend_docker_runtime_name(root)
+    problems = []
+    if handler != registered:
+        problems.append(
+            f"the RuntimeClass {name} has handler {handler}; Ascend Docker Runtime registers the runtime {registered}"
+        )
+    named = spec.get("runtimeClassName")
+    if needs_ascend_runtime(spec, hami_vnpus()):
+        if named is None:
+            problems.append(f"asks for a HAMi resource but names no runtimeClassName (needs {name})")
+        elif named != name:
+            problems.append(f"runtimeClassName {named}: the RuntimeClass for Ascend Docker Runtime is {name}")
+    elif named is not None:
+        problems.append(f"runtimeClassName {named} where the device plugin needs none")
+    return problems
+
+
+def runtime_class_doc_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    name = up.ascend_runtime_class(root)["metadata"]["name"]
+    problems = []
+    for doc in RUNTIME_CLASS_DOCS:
+        text = (REPO / doc).read_text(encoding="utf-8")
+        said = set(re.findall(r"runtimeClassName: (\w[\w.-]*)", text)) | set(
+            re.findall(r'RuntimeClass "([^"]+)"', text)
+        )
+        if said != {name}:
+            problems.append(f"{doc} names the RuntimeClass {sorted(said)}; upstream's is {name}")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", ASCEND)
+def test_hami_overlay_uses_ascend_docker_runtime(overlay):
+    spec = pod_spec(render(overlay))
+    assert runtime_class_problems(spec) == []
+    if overlay == "ascend-hami":
+        # HAMi's plugin only sets ASCEND_VISIBLE_DEVICES; Ascend Docker Runtime makes the devices.
+        assert needs_ascend_runtime(spec, hami_vnpus()) and spec["runtimeClassName"]
+        # HAMi fills in its configured runtimeClassName only where a pod names none (device.go),
+        # and its device-configmap takes it from the chart's values (empty by default), per chip
+        # model: a setting the operator may not have made, so the pod names the class itself.
+        assert {c.get("runtimeClassName") for c in hami_vnpus()} == {"helm-expression"}
+    assert runtime_class_doc_problems() == []
+
+
+RUNTIME_CLASS_FILE = "hami-ascend-device-plugin-v1.4.0-ascend-runtimeclass.yaml"
+RUNTIME_CONSTANTS = "mindcluster-v26.1.0-ascend-docker-runtime-constant.go.txt"
+CONTAINERD = "mindcluster-v26.1.0-ascend-docker-runtime-containerd_process.go.txt"
+VOLCANO_CONSTANTS = "mindcluster-v7.3.0-ascend-for-volcano-constants.go.txt"
+VOLCANO_TYPES = "mindcluster-v7.3.0-ascend-for-volcano-type.go.txt"
+
+
+def altered(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """A copy of tests/data/ascend-image with `old` replaced by `new` in one file."""
+    root = tmp_path / "ascend-image"
+    shutil.copytree(up.IMAGE_DATA, root)
+    text = (root / name).read_text(encoding="utf-8")
+    assert old in text, f"{name}: {old!r} not found: the mutation no longer applies"
+    (root / name).write_text(text.replace(old, new), encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "handler-renamed",
+        "runtime-renamed",
+        "containerd-gets-no-ascend-runtime",
+        "class-renamed",
+        "hami-names-none",
+        "hami-names-another",
+        "mindcluster-names-one",
+    ],
+)
+def test_runtime_class_check_can_fail(tmp_path, fault):
+    spec = pod_spec(render("ascend-hami"))
+    root = up.IMAGE_DATA
+    if fault == "handler-renamed":
+        root = altered(tmp_path, RUNTIME_CLASS_FILE, "handler: ascend", "handler: ascend-docker-runtime")
+    elif fault == "runtime-renamed":
+        root = altered(tmp_path, RUNTIME_CONSTANTS, 'runtimeName       = "ascend"', 'runtimeName       = "ascend-rt"')
+    elif fault == "containerd-gets-no-ascend-runtime":
+        root = altered(tmp_path, CONTAINERD, "addRuntime(runtimeName,", "addRuntime(defaultRuntimeValue,")
+    elif fault == "class-renamed":
+        root = altered(tmp_path, RUNTIME_CLASS_FILE, "name: ascend", "name: ascend-npu")
+        assert runtime_class_doc_problems(root), "the docs' class is checked against upstream's"
+    elif fault == "hami-names-none":
+        del spec["runtimeClassName"]
+    elif fault == "hami-names-another":
+        spec["runtimeClassName"] = "ascend-docker-runtime"
+    else:
+        spec = pod_spec(render("ascend-mindcluster"))
+        spec["runtimeClassName"] = "ascend"
+    assert runtime_class_problems(spec, root)
 
 
 # --- Kubernetes: MindCluster and CCE -------------------------------------------------------------
@@ -169,6 +284,8 @@ def test_mindcluster_resource_and_node_label_are_the_device_plugins():
     assert [name for name in limits if "/" in name] == ["huawei.com/Ascend910"]
     assert "`huawei.com/Ascend910`" in mindcluster_line
     assert "runtimeClassName" not in spec and "schedulerName" not in spec
+    # The same names in ascend-for-volcano's constants (the label key, the 910 resource).
+    assert mindcluster_problems(render("ascend-mindcluster"), volcano=False) == []
 
 
 def test_mindcluster_volcano_overlay_adds_only_what_volcano_mode_needs():
@@ -182,9 +299,76 @@ def test_mindcluster_volcano_overlay_adds_only_what_volcano_mode_needs():
     volcano = render("ascend-mindcluster-volcano")
     spec = pod_spec(volcano)
     assert spec["schedulerName"] == "volcano"
-    labels = next(o for o in volcano if o["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert labels["ring-controller.atlas"] == "ascend-910b"  # 910B / Atlas A2 in ascend-for-volcano
+    # ring-controller.atlas: ascend-910b, read from ascend-for-volcano's constants (910B / Atlas A2).
+    assert mindcluster_problems(volcano, volcano=True) == []
+    assert volcano_doc_problems() == []
     assert _without(spec, "schedulerName") == pod_spec(plain)
+
+
+def _pod_labels(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def mindcluster_problems(objects: list[dict[str, Any]], volcano: bool, root: Path = up.IMAGE_DATA) -> list[str]:
+    """A MindCluster overlay against ascend-for-volcano's constants (MindCluster v7.3.0): the
+    resource is its 910 card name, the nodeSelector key its accelerator label; in Volcano mode the
+    pod carries the job-kind label (ring-controller.atlas) with the 910B value, which the plugin's
+    GetPluginNameByReq maps to the 910 card handler."""
+    consts = up.volcano_constants(root)
+    spec = pod_spec(objects)
+    problems = []
+    resources = [n for n in container(spec, "engine")["resources"]["limits"] if "/" in n]
+    if resources != [consts["NPU910CardName"]]:
+        problems.append(f"asks for {resources}; ascend-for-volcano's 910 card is {consts['NPU910CardName']}")
+    if set(spec.get("nodeSelector", {})) - {consts["Accelerator"], consts["AcceleratorType"]}:
+        problems.append(f"nodeSelector {spec.get('nodeSelector')} uses a key ascend-for-volcano does not")
+    kind = _pod_labels(objects).get(consts["JobKindKey"])
+    if volcano and kind != consts["JobKind910BValue"]:
+        problems.append(f"pod label {consts['JobKindKey']}={kind}; the 910B job kind is {consts['JobKind910BValue']}")
+    if not volcano and kind is not None:
+        problems.append(f"{consts['JobKindKey']} outside Volcano mode")
+    return problems
+
+
+def volcano_doc_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    """k8s/README.md's words for the Volcano overlay: the label and the optional accelerator-type
+    values are ascend-for-volcano's."""
+    consts = up.volcano_constants(root)
+    text = (REPO / "k8s" / "README.md").read_text(encoding="utf-8")
+    problems = []
+    labels = set(re.findall(r"`([\w.-]+): ([\w.-]+)`", text))
+    kinds = {v for k, v in labels if k.startswith("ring-controller")}
+    if not kinds or {k for k, _ in labels if k.startswith("ring-controller")} != {consts["JobKindKey"]}:
+        problems.append(f"the README's job-kind label is not {consts['JobKindKey']}")
+    if kinds != {consts["JobKind910BValue"]}:
+        problems.append(
+            f"the README gives the job kind {sorted(kinds)}; ascend-for-volcano's 910B is {consts['JobKind910BValue']}"
+        )
+    modules = {v for k, v in consts.items() if k.startswith("Module") and k.endswith("AcceleratorType")}
+    if f"`{consts['AcceleratorType']}`" not in text:
+        problems.append(f"the README does not name the {consts['AcceleratorType']} nodeSelector")
+    for named in set(re.findall(r"`(module-[\w-]+)`", text)) - modules:
+        problems.append(f"the README's accelerator-type {named} is not one of {sorted(modules)}")
+    return problems
+
+
+@pytest.mark.parametrize("fault", ["910b-value", "job-kind-key", "accelerator-key", "overlay-label"])
+def test_mindcluster_checks_can_fail(tmp_path, fault):
+    objects = render("ascend-mindcluster-volcano")
+    root = up.IMAGE_DATA
+    if fault == "910b-value":
+        root = altered(
+            tmp_path, VOLCANO_CONSTANTS, 'JobKind910BValue = "ascend-910b"', 'JobKind910BValue = "ascend-910B"'
+        )
+        assert volcano_doc_problems(root), "the README's value is checked too"
+    elif fault == "job-kind-key":
+        root = altered(tmp_path, VOLCANO_TYPES, 'JobKindKey = "ring-controller.atlas"', 'JobKindKey = "job-kind.atlas"')
+        assert volcano_doc_problems(root), "the README's key is checked too"
+    elif fault == "accelerator-key":
+        root = altered(tmp_path, VOLCANO_TYPES, 'Accelerator = "accelerator"', 'Accelerator = "node-accelerator"')
+    else:
+        _pod_labels(objects)["ring-controller.atlas"] = "ascend-910"
+    assert mindcluster_problems(objects, volcano=True, root=root)
 
 
 def test_a3_overlay_is_the_mindcluster_overlay_with_the_a3_image():
@@ -365,6 +549,31 @@ def test_deployments_leave_home_and_cann_logs_to_the_image(rendered):
     assert not problems, problems
     # The check sees the override this file used to carry.
     assert env_disagreements({"HOME": "/tmp", "ASCEND_PROCESS_LOG_PATH": "/tmp/ascend/log"}, image)
+
+
+def upstream_env_keys(root: Path = up.IMAGE_DATA) -> set[str]:
+    """What upstream's image sets with ENV: vllm-ascend's Dockerfiles and their CANN bases."""
+    keys: set[str] = set()
+    for dockerfile in up.VARIANTS:
+        v = up.variant(dockerfile, root)
+        keys |= set(v.env) | set(up.final_stage(up.cann_dockerfile(v.cann_tag, root)).env())
+    return keys
+
+
+def upstream_env_problems(envs: dict[str, dict[str, Any]], root: Path = up.IMAGE_DATA) -> dict[str, list[str]]:
+    """Per deployment container, the variables it sets that upstream's image sets with ENV."""
+    owned = upstream_env_keys(root)
+    return {where: sorted(set(env) & owned) for where, env in envs.items() if set(env) & owned}
+
+
+def test_deployments_leave_upstreams_env_to_the_image(rendered):
+    owned = upstream_env_keys()
+    assert {"SOC_VERSION", "TASK_QUEUE_ENABLE", "OMP_NUM_THREADS", "ASCEND_TOOLKIT_HOME"} <= owned, owned
+    envs = ascend_engine_envs(rendered)
+    assert upstream_env_problems(envs) == {}
+    # The check sees a deployment that sets one.
+    envs["compose engine"] = {**envs["compose engine"], "OMP_NUM_THREADS": "4"}
+    assert upstream_env_problems(envs) == {"compose engine": ["OMP_NUM_THREADS"]}
 
 
 def test_docs_give_the_images_home_and_cann_log_path():
@@ -555,7 +764,7 @@ def test_every_engine_environment_passes_vllm_018s_hard_environment_validation()
         [sys.executable, "-c", VALIDATE, json.dumps(envs)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(up.sdist_root("vllm", up.FACTS["recipe"]["vllm"]["version"]))},
+        env={**os.environ, "PYTHONPATH": str(up.sdist_root("vllm", up.vllm_version()))},
         timeout=300,
         check=False,
     )

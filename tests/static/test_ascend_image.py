@@ -1,18 +1,29 @@
 """The Ascend engine image held against upstream's real sources, not against its own values.
 
+- Upstream's images are read from their own files, vendored unmodified in tests/data/ascend-image/
+  (tests/static/ascend_upstream.py parses them): the Dockerfile builds FROM the image vllm-ascend's
+  workflow publishes from its Dockerfile for the release (Dockerfile.a3's for Atlas A3), and every
+  image the project names is one it publishes; Dockerfile.a3 is Dockerfile's recipe on the A3 CANN
+  base with its own SOC_VERSION, as the project says; the layer sets no variable upstream's ENV or
+  the CANN base's ENV sets (SOC_VERSION, TASK_QUEUE_ENABLE, OMP_NUM_THREADS, CANN's paths); the
+  entrypoint sources every script the CANN base's ENTRYPOINT sources (both bases), and the
+  rehearsal's stand-in has the CANN ENTRYPOINT, Python prefix, WORKDIR and CMD of the real image.
+  Each of these checks is run against a deliberately altered copy of the vendored files too, and
+  fails there (test_upstream_derived_checks_can_fail).
 - vllm-ascend v0.18.0's Python set (rebuilt from its and vLLM's source distributions on the
-  package index, in upstream's install order) resolves for CPython 3.11 on manylinux x86_64 and
-  aarch64 with the versions upstream pins; the wheels upstream takes from outside the index are
-  named and what can be verified about them is; the project's additions resolve with that set
-  without moving any of it (the build proves the same against the real base: check-base-unmoved).
+  package index, in upstream's install order) resolves for the CANN base's CPython on manylinux
+  x86_64 and aarch64 (the workflow's platforms) with the versions upstream pins; the wheels
+  upstream's Dockerfile takes from its bucket are named and what can be verified about them is;
+  the project's additions resolve with that set without moving any of it (the build proves the
+  same against the real base: check-base-unmoved). The index's vllm-ascend sdist carries the very
+  Dockerfiles vendored from the git tag.
 - The command the launcher prints for the image's CMD (ascend_command.py; the rehearsal asserts
   the image prints this very line) is accepted by vLLM 0.18.0's own argument parser (its source on
   PYTHONPATH), as are the settings the docs recommend, which reach vLLM as meant; every `vllm:`
   metric the monitoring, alerts, autoscaler, router and sidecar use is defined in vLLM 0.18.0's
   source.
-- The Dockerfile builds FROM the image upstream published for the release, and the entrypoint
-  sources every script the CANN base's ENTRYPOINT sources.
-Needs the package index (cached under ~/.cache/palmyra-serve-tests; a clear failure offline).
+Needs the package index for the Python set (cached under ~/.cache/palmyra-serve-tests; a clear
+failure offline); the checks on the vendored files need nothing.
 """
 
 from __future__ import annotations
@@ -21,8 +32,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -39,8 +53,27 @@ pytestmark = pytest.mark.static
 
 
 REPO = up.REPO
-FACTS = up.FACTS
-EXPECTED = FACTS["expected"]
+EXPECTED = up.JSON_FACTS["expected"]
+# Where the project names upstream's images, CANN's release or SOC_VERSION (CHANGELOG.md is history).
+MENTIONS = (
+    "Dockerfile",
+    "docker-compose.yml",
+    "README.md",
+    "compose/README.md",
+    "k8s/README.md",
+    "docker/engine-entrypoint.sh",
+    "scripts/podman/vllm-ascend-stand-in.Containerfile",
+    "scripts/podman/build-image.sh",
+)
+STAND_IN = REPO / "scripts" / "podman" / "vllm-ascend-stand-in.Containerfile"
+
+
+def mention_files() -> list[Path]:
+    return [
+        *(REPO / m for m in MENTIONS),
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "k8s").rglob("*.yaml")),
+    ]
 
 
 def report(res: up.Resolution) -> str:
@@ -62,25 +95,126 @@ def report(res: up.Resolution) -> str:
     return f"{res.arch}: " + ", ".join([*built, *(f"{k} {res.versions.get(k)}" for k in keys)])
 
 
-# --- the Dockerfile against the release ---------------------------------------------------------
+# --- the Dockerfile against upstream's files (tests/data/ascend-image) -------------------------------
+
+
+def base_image_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    """The project's base images against what vllm-ascend's image workflow publishes for the
+    release: the Dockerfile's default is the image built from upstream's Dockerfile, the A3 build
+    argument it documents is the one built from Dockerfile.a3, and every vllm-ascend image the
+    project names anywhere is one of those two."""
+    images = up.published(root).images
+    ours = {images[d] for d in up.VARIANTS}
+    problems = []
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    base = re.search(r"^ARG VLLM_ASCEND_BASE=(\S+)$", text, re.MULTILINE)
+    if not base or base.group(1) != images["Dockerfile"]:
+        problems.append(
+            f"ARG VLLM_ASCEND_BASE={base and base.group(1)}: "
+            f"upstream's Dockerfile is published as {images['Dockerfile']}"
+        )
+    if not re.search(r"^FROM \$\{VLLM_ASCEND_BASE\} AS engine-ascend$", text, re.MULTILINE):
+        problems.append("the engine-ascend stage is not FROM ${VLLM_ASCEND_BASE}")
+    if f"VLLM_ASCEND_BASE={images['Dockerfile.a3']}" not in text:
+        problems.append(
+            f"the Dockerfile does not document the A3 build argument VLLM_ASCEND_BASE={images['Dockerfile.a3']}"
+        )
+    repository = images["Dockerfile"].rsplit(":", 1)[0]
+    for path in mention_files():
+        for named in re.findall(rf"{re.escape(repository)}:[\w.-]*\w", path.read_text(encoding="utf-8")):
+            if named not in ours:
+                problems.append(f"{path.relative_to(REPO)} names {named}, which the workflow does not publish")
+    return problems
 
 
 def test_dockerfile_builds_from_the_release_image_and_names_the_a3_variant() -> None:
-    text = (REPO / "Dockerfile").read_text()
-    base = re.search(r"^ARG VLLM_ASCEND_BASE=(\S+)$", text, re.MULTILINE)
-    assert base and base.group(1) == FACTS["image"]["a2"]
-    assert re.search(r"^FROM \$\{VLLM_ASCEND_BASE\} AS engine-ascend$", text, re.MULTILINE)
-    assert f"VLLM_ASCEND_BASE={FACTS['image']['a3']}" in text, "the A3 build argument is documented"
-    # The sdists this file checks are the release the image tag names.
-    tag_version = FACTS["image"]["a2"].rsplit(":v", 1)[1]
-    for name in ("vllm", "vllm-ascend"):
-        root = up.sdist_root(name, FACTS["recipe"][name.replace("-", "_")]["version"])
-        assert up.pkg_info(root)["Version"] == [tag_version], name
+    assert base_image_problems() == []
+    # The platforms upstream builds both images for are the architectures checked below.
+    assert up.ARCHES == ("x86_64", "aarch64"), up.published().platforms
+
+
+def cann_version(tag: str) -> str:
+    return tag.split("-", 1)[0]
+
+
+def variant_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    """Dockerfile.a3 is Dockerfile's recipe on the A3 CANN base with its own SOC_VERSION (the
+    Dockerfile's comment says so, and builds the A3 image with the same target), and what the
+    project says about each variant's SOC_VERSION and CANN release is what upstream's files say."""
+    a2, a3 = (up.variant(d, root) for d in up.VARIANTS)
+    problems = []
+    if sorted(a2.runs) != sorted(a3.runs):
+        problems.append("Dockerfile.a3 runs other steps than Dockerfile: not the same recipe")
+    if set(a2.env) != set(a3.env) or {k for k in a2.env if a2.env[k] != a3.env[k]} != {"SOC_VERSION"}:
+        problems.append(f"the variants' ENV differ beyond SOC_VERSION: {a2.env} / {a3.env}")
+    if (a2.vllm_tag, a2.workdir, a2.cmd) != (a3.vllm_tag, a3.workdir, a3.cmd):
+        problems.append("the variants differ in VLLM_TAG, WORKDIR or CMD")
+    cann = {v.dockerfile: up.cann_dockerfile(v.cann_tag, root) for v in (a2, a3)}
+    for what in (up.cann_entrypoint_scripts, up.python_prefix, up.cann_os):
+        if what(cann["Dockerfile"]) != what(cann["Dockerfile.a3"]):
+            problems.append(f"the A2 and A3 CANN bases differ in {what.__name__}: one layer cannot serve both")
+    release = {cann_version(v.cann_tag) for v in (a2, a3)}
+    if len(release) != 1:
+        problems.append(f"the variants are on different CANN releases: {release}")
+    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    said = re.search(r"upstream's Dockerfile\.a3: [^)]*SOC_VERSION=(\w+)", dockerfile)
+    if not said or said.group(1) != a3.env["SOC_VERSION"]:
+        problems.append(
+            f"the Dockerfile gives Dockerfile.a3's SOC_VERSION as {said and said.group(1)}: "
+            f"upstream's is {a3.env['SOC_VERSION']}"
+        )
+    a3_overlay = (REPO / "k8s" / "overlays" / "ascend-mindcluster-a3" / "kustomization.yaml").read_text("utf-8")
+    said = re.search(r"The A2 image \((\w+) kernels\)", a3_overlay)
+    if not said or said.group(1) != a2.env["SOC_VERSION"]:
+        problems.append(
+            f"the A3 overlay gives the A2 image's SOC_VERSION as {said and said.group(1)}: "
+            f"upstream's is {a2.env['SOC_VERSION']}"
+        )
+    for path in mention_files():
+        for named in set(re.findall(r"\bCANN (\d+\.\d+\.\d+)", path.read_text(encoding="utf-8"))) - release:
+            problems.append(f"{path.relative_to(REPO)} names CANN {named}; the images are on CANN {release}")
+    return problems
+
+
+def test_a3_variant_is_the_same_recipe_on_the_a3_base_with_its_soc_version() -> None:
+    assert variant_problems() == []
+
+
+def env_override_problems(layer: dict[str, str], root: Path = up.IMAGE_DATA) -> list[str]:
+    """Variables of the project's layer that upstream's image already sets with ENV: vllm-ascend's
+    Dockerfile (SOC_VERSION, TASK_QUEUE_ENABLE, OMP_NUM_THREADS, ...) or the CANN base's final
+    stage (its toolkit, NNAL and Python paths). The layer adds; it overrides none of them."""
+    problems = []
+    for dockerfile in up.VARIANTS:
+        v = up.variant(dockerfile, root)
+        cann = up.final_stage(up.cann_dockerfile(v.cann_tag, root)).env()
+        for source, env in ((f"vllm-ascend's {dockerfile}", v.env), (f"CANN {v.cann_tag}", cann)):
+            problems += [
+                f"the layer sets {k}={layer[k]}; {source} sets {k}={env[k]}" for k in sorted(set(layer) & set(env))
+            ]
+    return problems
+
+
+def test_the_layer_overrides_no_env_of_upstreams_image() -> None:
+    upstream_env = up.variant().env
+    # What the reviewer named is among what is read (the parser sees the ENV block).
+    assert {"SOC_VERSION", "TASK_QUEUE_ENABLE", "OMP_NUM_THREADS"} <= set(upstream_env), upstream_env
+    assert env_override_problems(cmd.image_env()) == []
+    # The check sees an override of what upstream sets.
+    assert env_override_problems({**cmd.image_env(), "OMP_NUM_THREADS": "4"})
 
 
 def test_sdists_are_the_tagged_sources_upstream_builds() -> None:
-    # vllm-ascend's Dockerfile installs its git tag; the index's sdist must carry the same pins.
-    ascend = up.sdist_root("vllm-ascend", FACTS["recipe"]["vllm_ascend"]["version"])
+    # vllm-ascend's Dockerfile installs its git tag; the index's sdist is that source: it carries
+    # the very Dockerfiles vendored from the tag, and the pins DESIGN.md states.
+    ascend = up.sdist_root("vllm-ascend", up.vllm_ascend_version())
+    assert up.pkg_info(ascend)["Version"] == [up.vllm_ascend_version()]
+    for name in up.VARIANTS:
+        assert (ascend / name).read_bytes() == up.vllm_ascend_file(name).read_bytes(), name
+    vllm = up.sdist_root("vllm", up.vllm_version())
+    assert up.pkg_info(vllm)["Version"] == [up.vllm_version()]
+    # The resolver's release (read from the project's Dockerfile and the sdist) is this one.
+    assert up.release() == (up.vllm_ascend_version(), up.vllm_version())
     reqs: dict[str, str] = {
         canonicalize_name(Requirement(r).name): str(Requirement(r).specifier)
         for r in up.read_requirements(ascend / "requirements.txt")
@@ -101,9 +235,9 @@ def test_upstream_set_resolves_with_upstreams_pins(arch: str) -> None:
     for note in res.notes:
         print(f"  note: {note}")
     v = res.versions
-    # The release the Dockerfile's base names, and the vLLM its own Dockerfile clones.
-    assert res.from_source.get("vllm") == EXPECTED["vllm"], report(res)
-    assert res.from_source.get("vllm-ascend") == EXPECTED["vllm-ascend"], report(res)
+    # The release the Dockerfile's base names, and the vLLM its own Dockerfile clones (ARG VLLM_TAG).
+    assert res.from_source.get("vllm") == up.vllm_version(), report(res)
+    assert res.from_source.get("vllm-ascend") == up.vllm_ascend_version(), report(res)
     assert v["torch"] == EXPECTED["torch"], report(res)
     assert v["torch-npu"] == EXPECTED["torch-npu"], report(res)
     assert v["triton-ascend"] == EXPECTED["triton-ascend"], report(res)
@@ -113,38 +247,59 @@ def test_upstream_set_resolves_with_upstreams_pins(arch: str) -> None:
     assert "modelscope" in v, "upstream installs modelscope: the modelscope model source relies on it"
 
 
+def outside_wheel_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    """The torch_npu and triton_ascend wheels upstream's Dockerfile installs from its bucket after
+    vllm-ascend, read from the Dockerfile: both variants install the same, one of each for every
+    platform the workflow builds, for the CANN base's CPython, on a manylinux the CANN base's glibc
+    runs, replacing (not equal to) the pin vllm-ascend declares."""
+    problems = []
+    wheels = up.outside_wheels("Dockerfile", root)
+    if up.outside_wheels("Dockerfile.a3", root) != wheels:
+        problems.append("Dockerfile.a3 installs other bucket wheels than Dockerfile")
+    if set(wheels) != {"torch-npu", "triton-ascend"}:
+        problems.append(f"the bucket wheels are {sorted(wheels)}")
+    cann = up.cann_dockerfile(up.variant("Dockerfile", root).cann_tag, root)
+    cp = "cp" + up.python_version(cann).replace(".", "")
+    glibc = tuple(int(x) for x in up.JSON_FACTS["glibc"][up.cann_os(cann)].split("."))
+    for name, per_arch in wheels.items():
+        if set(per_arch) != set(up.architectures(root)):
+            problems.append(f"{name}: wheels for {sorted(per_arch)}, the images are built for {up.architectures(root)}")
+        for arch, wheel in per_arch.items():
+            _name, _version, _build, tags = parse_wheel_filename(wheel.filename)
+            if not any(t.interpreter == cp and t.abi == cp and _manylinux_ok(t, arch, glibc) for t in tags):
+                problems.append(f"{wheel.filename} does not install on {cp} / glibc {glibc} {arch}")
+            # `pip check` in upstream's image reports these (check-base-unmoved tolerates the base's own).
+            if Version(wheel.version) in SpecifierSet(f"=={EXPECTED[name]}"):
+                problems.append(f"{wheel.filename} is the pin {EXPECTED[name]} itself, not a replacement")
+    return problems
+
+
+def _manylinux_ok(tag: Tag, arch: str, glibc: tuple[int, ...]) -> bool:
+    m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
+    return m is not None and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
+
+
 def test_wheels_from_outside_the_index_are_named_and_checked() -> None:
     """torch_npu and triton_ascend builds upstream installs from its own bucket, after vllm-ascend.
 
     What can be verified here without that bucket: the versions are not on the index (a recipe
     asking the index for them fails), each replaces the index pin vllm-ascend declares, upstream's
-    filenames install on CPython 3.11 / manylinux (glibc 2.35) for both architectures, and the pin
+    filenames install on the CANN base's CPython / manylinux for both architectures, and the pin
     they replace exists on the index for both. Their contents are unverified without the files.
     """
-    for wheel in FACTS["recipe"]["outside_the_index"]:
-        name = wheel["name"]
+    assert outside_wheel_problems() == []
+    cp = "cp" + up.PYTHON.replace(".", "")
+    for name, per_arch in up.outside_wheels().items():
+        pin = EXPECTED[name]
         versions = set(up._versions(name))
-        assert Version(wheel["version"]) not in versions, f"{name} {wheel['version']} is on the index now: use it"
-        assert Version(wheel["replaces_pin"]) in versions
-        assert EXPECTED[name] == wheel["replaces_pin"]
-        # `pip check` in upstream's image reports these (check-base-unmoved tolerates the base's own).
-        assert Version(wheel["version"]) not in SpecifierSet(f"=={wheel['replaces_pin']}")
-        for arch, filename in wheel["files"].items():
-            wname, wversion, _build, tags = parse_wheel_filename(filename)
-            assert canonicalize_name(wname) == name and wversion.public == wheel["version"]
-            assert any(t.interpreter == "cp311" and t.abi == "cp311" and _manylinux_ok(t, arch) for t in tags), filename
-            assert any("cp311-cp311-" in f and arch in f for f in up.files_of(name, wheel["replaces_pin"])), (
-                f"no cp311 {arch} wheel of {name} {wheel['replaces_pin']} on the index"
+        for arch, wheel in per_arch.items():
+            public = Version(wheel.version).public
+            assert Version(public) not in versions, f"{name} {public} is on the index now: use it"
+            assert any(f"{cp}-{cp}-" in f and arch in f for f in up.files_of(name, pin)), (
+                f"no {cp} {arch} wheel of {name} {pin} on the index"
             )
-        print(
-            f"outside the index: {name} {wheel['version']} ({', '.join(wheel['files'].values())}) from {wheel['from']}"
-        )
-
-
-def _manylinux_ok(tag: Tag, arch: str) -> bool:
-    m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
-    glibc = tuple(int(x) for x in FACTS["image"]["glibc"].split("."))
-    return m is not None and m.group(3) == arch and (int(m.group(1)), int(m.group(2))) <= glibc
+            print(f"outside the index: {name} {wheel.version} for {arch}: {wheel.url}")
+        assert Version(pin) in versions
 
 
 @pytest.mark.parametrize("arch", up.ARCHES)
@@ -250,7 +405,7 @@ SETTING_DOCS = ("docs/ascend-troubleshooting.md", "docs/configuration.md")
 
 
 def vllm_018_path() -> Path:
-    return up.sdist_root("vllm", FACTS["recipe"]["vllm"]["version"])
+    return up.sdist_root("vllm", up.vllm_version())
 
 
 def documented_settings() -> dict[str, tuple[str, str]]:
@@ -418,6 +573,16 @@ def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:
 # --- the entrypoint against the CANN base's ENTRYPOINT ----------------------------------------------
 
 
+def cann_scripts(root: Path = up.IMAGE_DATA) -> list[str]:
+    """The scripts the CANN base's ENTRYPOINT sources: the same for the A2 and A3 bases (one
+    entrypoint serves both images), else the first base's with a marker that fails the check."""
+    found = [up.cann_entrypoint_scripts(up.cann_dockerfile(up.variant(d, root).cann_tag, root)) for d in up.VARIANTS]
+    return found[0] if all(f == found[0] for f in found) else [*found[0], "<the A3 base sources other scripts>"]
+
+
+SCRIPTS = cann_scripts()
+
+
 def _cann_layout(root: Path, scripts: list[str]) -> Path:
     log = root / "sourced.log"
     for script in scripts:
@@ -445,19 +610,33 @@ def _entrypoint(root: Path, *command: str, **env: str) -> subprocess.CompletedPr
     )
 
 
-def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: Path) -> None:
-    scripts = FACTS["cann_entrypoint_scripts"]
-    log = _cann_layout(tmp_path, scripts)
-    run = _entrypoint(tmp_path, "sh", "-c", "echo exec-pid $$")
-    assert run.returncode == 0, run.stderr
-    lines = log.read_text().splitlines()
-    assert [line.split()[0] for line in lines] == scripts
+def entrypoint_problems(layout: Path, scripts: list[str]) -> list[str]:
+    """The project's entrypoint, run in a CANN layout holding `scripts`, against CANN's ENTRYPOINT:
+    it must source exactly those, in that order, in the shell that then execs the command, and say
+    so in the lines the README quotes."""
+    layout.mkdir(parents=True, exist_ok=True)
+    log = _cann_layout(layout, scripts)
+    run = _entrypoint(layout, "sh", "-c", "echo exec-pid $$")
+    if run.returncode != 0:
+        return [f"the entrypoint failed: {run.stderr}"]
+    lines = log.read_text().splitlines() if log.exists() else []
+    problems = []
+    sourced = [line.split()[0] for line in lines]
+    if sourced != scripts:
+        problems.append(f"the entrypoint sourced {sourced}; CANN's ENTRYPOINT sources {scripts}")
     # Sourced in the entrypoint's own shell, which then exec'd the command (same pid).
-    pids = {line.split()[1] for line in lines}
-    assert pids == {run.stdout.split()[1]}
+    if {line.split()[1] for line in lines} != {run.stdout.split()[1]}:
+        problems.append("not sourced in the shell that execs the command")
     # The README's first-hour checklist tells the operator to expect exactly these lines.
-    said = [line.replace(str(tmp_path), "/usr/local/Ascend") for line in run.stderr.splitlines() if " sourced " in line]
-    assert len(said) == len(scripts) and all(f"`{line}`" in readme_text() for line in said), said
+    said = [line.replace(str(layout), "/usr/local/Ascend") for line in run.stderr.splitlines() if " sourced " in line]
+    if len(said) != len(scripts) or not all(f"`{line}`" in readme_text() for line in said):
+        problems.append(f"the README does not quote what the entrypoint says: {said}")
+    return problems
+
+
+def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: Path) -> None:
+    assert len(SCRIPTS) >= 3 and all(s.startswith("/usr/local/Ascend/") for s in SCRIPTS), SCRIPTS
+    assert entrypoint_problems(tmp_path, SCRIPTS) == []
 
 
 def readme_text() -> str:
@@ -476,18 +655,159 @@ def test_readme_quotes_the_launchers_start_line(
     assert f"`{start.removesuffix('vllm')}...`" in readme_text(), start
 
 
-@pytest.mark.parametrize("dropped", range(3))
+@pytest.mark.parametrize("dropped", range(len(SCRIPTS)))
 def test_entrypoint_refuses_to_start_when_a_cann_script_is_missing(tmp_path: Path, dropped: int) -> None:
-    scripts = FACTS["cann_entrypoint_scripts"]
-    log = _cann_layout(tmp_path, scripts)
-    (tmp_path / scripts[dropped].removeprefix("/usr/local/Ascend/")).unlink()
+    log = _cann_layout(tmp_path, SCRIPTS)
+    (tmp_path / SCRIPTS[dropped].removeprefix("/usr/local/Ascend/")).unlink()
     run = _entrypoint(tmp_path, "true")
     assert (
         run.returncode == 1
         and "missing" in run.stderr
-        and scripts[dropped].removeprefix("/usr/local/Ascend/") in run.stderr
+        and SCRIPTS[dropped].removeprefix("/usr/local/Ascend/") in run.stderr
     )
     assert not log.exists(), "nothing may be sourced from an incomplete CANN"
+
+
+def stand_in_problems(root: Path = up.IMAGE_DATA) -> list[str]:
+    """The rehearsal's stand-in for upstream's image (scripts/podman) has the real image's layout
+    where the project's layer relies on it: the CANN ENTRYPOINT (same form, same scripts, for which
+    it writes stand-in set_env.sh files), the CANN base's Python prefix on PATH, and vllm-ascend's
+    WORKDIR and CMD."""
+    v = up.variant("Dockerfile", root)
+    cann = up.cann_dockerfile(v.cann_tag, root)
+    stand_in = up.final_stage(STAND_IN)
+    problems = []
+
+    def words(entrypoint: list[str]) -> list[str]:
+        return [" ".join(w.split()) for w in entrypoint]
+
+    real = up.exec_form(up.final_stage(cann).last("ENTRYPOINT"))
+    if words(up.exec_form(stand_in.last("ENTRYPOINT"))) != words(real):
+        problems.append(f"the stand-in's ENTRYPOINT is not CANN's: {real}")
+    written = re.search(r"for script in ([^;]+); do", " ".join(stand_in.values("RUN")))
+    scripts = [f"/usr/local/Ascend/{s}" for s in written.group(1).split()] if written else []
+    if scripts != up.cann_entrypoint_scripts(cann):
+        problems.append(f"the stand-in writes {scripts}; CANN's ENTRYPOINT sources {up.cann_entrypoint_scripts(cann)}")
+    if up.python_prefix(STAND_IN) != up.python_prefix(cann):
+        problems.append(f"the stand-in's Python is at {up.python_prefix(STAND_IN)}, CANN's at {up.python_prefix(cann)}")
+    if (stand_in.last("WORKDIR"), tuple(up.exec_form(stand_in.last("CMD")))) != (v.workdir, v.cmd):
+        problems.append(f"the stand-in's WORKDIR/CMD are not vllm-ascend's ({v.workdir}, {v.cmd})")
+    return problems
+
+
+def test_rehearsal_stand_in_has_upstreams_entrypoint_python_workdir_and_cmd() -> None:
+    assert stand_in_problems() == []
+
+
+# --- each check above fails on a deliberately altered copy of upstream's files ------------------------
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A deliberate error in a copy of tests/data/ascend-image: `old` -> `new` in each named file,
+    then files renamed; `check` (the copy's folder, a scratch folder) must report `said`."""
+
+    edits: list[tuple[str, str, str]]
+    check: Callable[[Path, Path], list[str]]
+    said: str
+    renames: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, tmp_path: Path) -> Path:
+        root = tmp_path / "ascend-image"
+        shutil.copytree(up.IMAGE_DATA, root)
+        for name, old, new in self.edits:
+            path = root / name
+            text = path.read_text(encoding="utf-8")
+            assert old in text, f"{name}: {old!r} not found: the mutation no longer applies"
+            path.write_text(text.replace(old, new), encoding="utf-8")
+        for old_name, new_name in self.renames.items():
+            (root / old_name).rename(root / new_name)
+        return root
+
+
+CANN_A2, CANN_A3 = (up.cann_dockerfile(up.variant(d).cann_tag).name for d in up.VARIANTS)
+A2, A3 = (up.vllm_ascend_file(d).name for d in up.VARIANTS)
+NNAL = "source /usr/local/Ascend/nnal/atb/set_env.sh && \\"
+MUTATIONS = {
+    "cann-entrypoint-sources-a-fourth-script": Mutation(
+        [(f, NNAL, NNAL + "\n    source /usr/local/Ascend/extra/set_env.sh && \\") for f in (CANN_A2, CANN_A3)],
+        lambda root, tmp: entrypoint_problems(tmp / "layout", cann_scripts(root)),
+        "CANN's ENTRYPOINT sources",
+    ),
+    "a3-base-sources-other-scripts": Mutation(
+        [(CANN_A3, NNAL, "\\")],
+        lambda root, tmp: entrypoint_problems(tmp / "layout", cann_scripts(root)),
+        "A3 base sources other scripts",
+    ),
+    "a3-published-under-another-suffix": Mutation(
+        [(up.vllm_ascend_file("schedule_image_build_and_push.yaml").name, "suffix: 'a3'", "suffix: 'a3-ubuntu'")],
+        lambda root, tmp: base_image_problems(root),
+        "A3 build argument",
+    ),
+    "release-published-elsewhere": Mutation(
+        [
+            (
+                up.vllm_ascend_file("_schedule_image_build.yaml").name,
+                "\n            quay.io/ascend/vllm-ascend\n",
+                "\n            docker.io/ascend/vllm-ascend\n",
+            )
+        ],
+        lambda root, tmp: base_image_problems(root),
+        "ARG VLLM_ASCEND_BASE=",
+    ),
+    "a3-soc-version-changes": Mutation(
+        [(A3, 'ARG SOC_VERSION="ascend910_9391"', 'ARG SOC_VERSION="ascend910_9392"')],
+        lambda root, tmp: variant_problems(root),
+        "Dockerfile.a3's SOC_VERSION",
+    ),
+    "a2-soc-version-changes": Mutation(
+        [(A2, 'ARG SOC_VERSION="ascend910b1"', 'ARG SOC_VERSION="ascend910b3"')],
+        lambda root, tmp: variant_problems(root),
+        "the A2 image's SOC_VERSION",
+    ),
+    "a3-recipe-differs": Mutation(
+        [(A3, "'ray>=2.47.1,<=2.48.0'", "'ray>=2.49'")],
+        lambda root, tmp: variant_problems(root),
+        "not the same recipe",
+    ),
+    "cann-release-moves": Mutation(
+        [(A2, "cann:8.5.1-910b", "cann:9.0.0-910b"), (A3, "cann:8.5.1-a3", "cann:9.0.0-a3")],
+        lambda root, tmp: variant_problems(root),
+        "names CANN 8.5.1",
+        renames={CANN_A2: CANN_A2.replace("8.5.1", "9.0.0"), CANN_A3: CANN_A3.replace("8.5.1", "9.0.0")},
+    ),
+    "upstream-env-sets-a-variable-the-layer-sets": Mutation(
+        [(A2, "    OMP_NUM_THREADS=1\n", "    OMP_NUM_THREADS=1 \\\n    HF_HOME=/root/.cache/huggingface\n")],
+        lambda root, tmp: env_override_problems(cmd.image_env(), root),
+        "vllm-ascend's Dockerfile sets HF_HOME",
+    ),
+    "torch-npu-built-for-a-newer-glibc": Mutation(
+        [
+            (
+                f,
+                "gitee7ba04-${PYTHON_TAG}-${PYTHON_TAG}-manylinux_2_28_",
+                "gitee7ba04-${PYTHON_TAG}-${PYTHON_TAG}-manylinux_2_39_",
+            )
+            for f in (A2, A3)
+        ],
+        lambda root, tmp: outside_wheel_problems(root),
+        "does not install on cp311",
+    ),
+    "cann-moves-its-python": Mutation(
+        [(f, "python3.11.14", "python3.11.15") for f in (CANN_A2, CANN_A3)],
+        lambda root, tmp: stand_in_problems(root),
+        "the stand-in's Python is at",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_upstream_derived_checks_can_fail(tmp_path: Path, mutation: str) -> None:
+    m = MUTATIONS[mutation]
+    problems = m.check(m.apply(tmp_path), tmp_path)
+    assert any(m.said in p for p in problems), problems
+    # The unaltered files pass the same check.
+    assert m.check(up.IMAGE_DATA, tmp_path / "unaltered") == []
 
 
 # --- the build's own proof that the layer moved nothing ---------------------------------------------
