@@ -12,7 +12,7 @@ from palmyra_serve.sidecar.relay.cost import CostLimits, as_int, check
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 
 
-def refusal(payload: dict, chat: bool = False) -> errors.ApiError | None:
+def refusal(payload: object, chat: bool = False) -> errors.ApiError | None:
     try:
         check(payload, LIMITS, chat)
     except errors.ApiError as exc:
@@ -20,7 +20,7 @@ def refusal(payload: dict, chat: bool = False) -> errors.ApiError | None:
     return None
 
 
-def refused(payload: dict, chat: bool = False) -> errors.ApiError:
+def refused(payload: object, chat: bool = False) -> errors.ApiError:
     exc = refusal(payload, chat)
     assert exc is not None, f"not refused: {payload}"
     return exc
@@ -75,3 +75,10 @@ def test_chat_roles():
         assert exc is not None and exc.code == "invalid_role"
     assert refused({"messages": "hi"}, chat=True).code == "invalid_parameter"
     assert refused({"messages": ["hi"]}, chat=True).code == "invalid_parameter"
+
+
+@pytest.mark.parametrize("payload", [[1, 2, 3], None, "hi", 7])
+def test_a_body_that_is_not_a_json_object_is_a_400_here_whatever_the_engine_would_answer(payload):
+    # vLLM 0.18 (the Ascend image's) answered an array or null body with a 500.
+    exc = refused(payload)
+    assert exc.status == 400 and exc.code is errors.ErrorCode.INVALID_JSON

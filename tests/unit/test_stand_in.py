@@ -45,6 +45,13 @@ def test_tokenizer_encodes_like_qwen2(tiny):
     )
 
 
+def test_the_tokenizer_config_names_qwen2s_class_as_real_checkpoints_do(tiny):
+    # Not this transformers' own name for a bare fast tokenizer ("TokenizersBackend" in 5.x), which
+    # the transformers 4.x under vLLM 0.18 does not know: the vllm018 tier's engine refused to start.
+    config = json.loads((tiny / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "Qwen2Tokenizer"
+
+
 def test_marker_says_random_weights_and_build_is_idempotent(tiny, tmp_path):
     marker = json.loads((tiny / stand_in.MARKER_FILE).read_text())
     assert marker["random_weights"] is True and marker["stands_in_for"] == "Writer/palmyra-mini"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "palmyra_stand_in.json"
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3  # 3: tokenizer_config names Qwen2Tokenizer (transformers 4.x loads it)
 SHARD_BYTES = 2 * 1024**3
 INIT_STD = 0.02
 

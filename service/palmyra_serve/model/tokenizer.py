@@ -7,8 +7,12 @@ pattern below is Qwen2's (single digits, unlike GPT-4's 1-3), so ids match Qwen2
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
+
+# What Qwen2 checkpoints' tokenizer_config.json names (Qwen2.5's, palmyra-mini's base).
+QWEN2_TOKENIZER_CLASS = "Qwen2Tokenizer"
 
 # Qwen2's pre-tokenizer split (digits one at a time).
 QWEN2_SPLIT_PATTERN = (
@@ -82,3 +86,10 @@ def build_tokenizer(out_dir: Path) -> None:
     )
     tok.chat_template = chat_template()
     tok.save_pretrained(str(out_dir))
+    # The class Qwen2 checkpoints name, not the one this transformers writes for a bare fast
+    # tokenizer (5.x: "TokenizersBackend", which 4.x, the vLLM 0.18 under vllm-ascend's, does not
+    # know and refuses to start on). Both majors load "Qwen2Tokenizer" from tokenizer.json.
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = QWEN2_TOKENIZER_CLASS
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -174,6 +174,10 @@ def invalid_json() -> ApiError:
     return ApiError.of(ErrorCode.INVALID_JSON, "The request body is not valid JSON.")
 
 
+def not_a_json_object() -> ApiError:
+    return ApiError.of(ErrorCode.INVALID_JSON, "The request body must be a JSON object.")
+
+
 def queue_full(retry_after: int) -> ApiError:
     return ApiError.of(ErrorCode.QUEUE_FULL, "The service is at capacity; retry shortly.", retry_after=retry_after)
 

@@ -55,7 +55,9 @@ def as_int(payload: dict, param: str) -> int | None:
 def check(payload: Any, limits: CostLimits, chat: bool) -> None:
     """Raise an ApiError (400) when the request asks for more than the limits allow."""
     if not isinstance(payload, dict):
-        return  # the engine refuses a non-object body itself, at no generation cost
+        # vLLM 0.32 answers an array or null body with a 400, vLLM 0.18 (the Ascend image's) with
+        # a 500: refused here, the same on both.
+        raise errors.not_a_json_object()
     for param in _TOKEN_FIELDS:
         asked = as_int(payload, param)
         if asked is None:

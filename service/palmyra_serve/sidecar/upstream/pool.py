@@ -268,9 +268,14 @@ class EngineResponse:
         return b"".join(parts)
 
     def release(self) -> None:
-        """Back to the pool when the response was read to its end on a reusable connection."""
+        """Back to the pool when the response was read to its end on a reusable connection, and
+        was not an error: vLLM 0.18's server (the Ascend image's) closes the connection right after
+        some 4xx answers without saying so, and the next request written into that close came back
+        unanswered (502) in the vllm018 tier. Errors are rare; a fresh connection for the request
+        after one costs a connect on the loopback."""
         conn = self._conn
-        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None and not conn.body:
+        reusable = conn.complete and conn.keep_alive and not conn.closed and conn.error is None and not conn.body
+        if reusable and conn.status < 400:
             self._pool._put(conn)
         else:
             conn.abort()
