@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # The test command: installs everything the tests need (Python packages into the venv, Debian
 # tools with apt-get when missing), then runs pytest on the chosen tiers.
-#   ./test.sh                 every tier: unit app static engine container
+#   ./test.sh                 every tier: unit app static engine container vllm018
 #   ./test.sh unit app        only these tiers (fast: no vLLM, no podman)
+#   ./test.sh vllm018         the engine contract against vLLM 0.18.0, the Ascend image's version
+#                             (its own venv, tests/vllm018/install.sh: ~8 GB, ~3 min when new)
 #   PALMYRA_LONG=1 ./test.sh  also the long variants (soak, longer fuzzing)
 # Extra pytest arguments go after `--` (to every pytest run):  ./test.sh unit -- -k settings -x
-# Up to three pytest runs, one after the other: the tiers that start no engine (unit, static, app)
+# Up to four pytest runs, one after the other: the tiers that start no engine (unit, static, app)
 # on PALMYRA_TEST_WORKERS parallel workers (default 3; 0 runs them in this process), then the
-# container tier alone, then the engine tier alone. Each writes a JUnit file into
+# container tier alone, then the engine tier alone, then the engine contract (tests marked
+# engine_contract) once more against vLLM 0.18.0 (PALMYRA_TEST_ENGINE=vllm018). Each writes a JUnit file into
 # PALMYRA_TEST_REPORTS (default .test-reports/); the closing report (tests/helpers/suite_report.py)
 # sums them per tier against its budgets and ends with one line counting every run's tests.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}
-ALL_TIERS=(unit app static engine container)
+ALL_TIERS=(unit app static engine container vllm018)
 
 tiers=(); pytest_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; pytest_args=("$@"); break ;;
-    unit|app|static|engine|container) tiers+=("$1") ;;
+    unit|app|static|engine|container|vllm018) tiers+=("$1") ;;
     *) echo "unknown tier: $1 (one of: ${ALL_TIERS[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -33,7 +36,8 @@ apt_install() {
   local missing=() pkg bin
   for pair in "$@"; do
     pkg=${pair%%:*}; bin=${pair#*:}
-    command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+    if [[ $bin == /* ]]; then [ -e "$bin" ] || missing+=("$pkg")  # a library: its file
+    else command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg"); fi
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "apt-get install ${missing[*]}"
@@ -48,6 +52,8 @@ has static && debs+=(prometheus:promtool)
 has app && debs+=(haproxy:haproxy prometheus:prometheus)  # the rollout simulation; the autoscaler query on a live Prometheus
 has engine && debs+=(prometheus:prometheus)
 has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
+# vLLM 0.18's CPU engine refuses to start without tcmalloc preloaded (tests/helpers/engine_under_test.py).
+has vllm018 && debs+=(libtcmalloc-minimal4:/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 prometheus:prometheus)
 apt_install "${debs[@]}"
 
 # The container tier's images build in the background (PALMYRA_TEST_PREBUILD=0: not) from here
@@ -70,7 +76,7 @@ fi
 # Python: the engine tiers need the CPU engine; the others only the light sidecar install. No
 # byte-compiling at install (bootstrap.sh says why): the tests compile what they import.
 export PALMYRA_PIP_ARGS=${PALMYRA_PIP_ARGS:---no-compile}
-if has engine || has container; then
+if has engine || has container || has vllm018; then
   PALMYRA_EXTRAS=engine-cpu,model,tools,test ./bootstrap.sh install
 else
   PALMYRA_EXTRAS=${PALMYRA_TEST_EXTRAS:-engine-cpu,model,tools,test} ./bootstrap.sh install
@@ -90,6 +96,10 @@ run_pytest() {
   [ ${#chosen[@]} -gt 0 ] || return 0
   local marker=${chosen[0]} i
   for ((i = 1; i < ${#chosen[@]}; i++)); do marker="$marker or ${chosen[i]}"; done
+  run_marked "$name" "$workers" "$marker"
+}
+run_marked() {
+  local name=$1 workers=$2 marker=$3
   local xdist=()
   # loadfile: a module's tests share its fixtures on one worker; in collection order, which puts
   # the longest modules first (tests/conftest.py), not xdist's order by number of tests.
@@ -111,8 +121,23 @@ if [ -n "$build_pid" ]; then
   wait "$build_pid"; rc=$?
   log "background image build exited $rc ($((SECONDS - t0)) s waited for it); a failure shows again in the container tier"
 fi
+# vLLM 0.18.0's venv installs (network and disk, little CPU) while the container tier runs.
+v018_pid=
+if has vllm018; then
+  log "installing vLLM 0.18.0's venv in the background (log: $REPORTS/vllm018-install.log)"
+  setsid tests/vllm018/install.sh >"$REPORTS/vllm018-install.log" 2>&1 &
+  v018_pid=$!
+  trap 'kill -- "-$v018_pid" 2>/dev/null || true; [ -n "$build_pid" ] && kill -- "-$build_pid" 2>/dev/null || true' EXIT
+fi
 run_pytest container 0 container
 run_pytest engine 0 engine
+if [ -n "$v018_pid" ]; then
+  if wait "$v018_pid"; then
+    PALMYRA_TEST_ENGINE=vllm018 run_marked vllm018 0 engine_contract
+  else
+    log "vLLM 0.18.0's venv did not install: $REPORTS/vllm018-install.log"; failed=1
+  fi
+fi
 set -e
 
 "$VENV/bin/python" -m tests.helpers.suite_report "$REPORTS" || failed=1

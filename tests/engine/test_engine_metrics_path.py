@@ -25,6 +25,8 @@ from tests.engine.reliability_support import figure, long_stream
 from tests.helpers.api import HTTP, plain_client
 from tests.helpers.waiting import wait_until
 
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
+
 REPO = Path(__file__).resolve().parents[2]
 PICKER_CONFIG = REPO / "k8s" / "components" / "inference-gateway" / "picker-config.yaml"
 LORA_ONLY = "vllm:lora_requests_info"

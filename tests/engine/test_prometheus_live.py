@@ -25,6 +25,8 @@ from tests.helpers.api import MODEL, plain_client
 from tests.helpers.modules import load_module
 from tests.helpers.waiting import wait_until
 
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
+
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
 BASE_URL = "https://runbooks.example/palmyra.md"

@@ -14,6 +14,8 @@ from tests.engine.reliability_support import FAST, figure
 from tests.helpers import procs
 from tests.helpers.api import completion, plain_client
 
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
+
 KEY_A = "sk-palmyra-" + secrets.token_hex(16)
 KEY_B = "sk-palmyra-" + secrets.token_hex(16)
 

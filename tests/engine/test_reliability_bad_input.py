@@ -14,6 +14,8 @@ from tests.engine.reliability_support import FAST, figure, generate_ok
 from tests.helpers import procs
 from tests.helpers.api import HTTP, MODEL, completion
 
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
+
 BODY_LIMIT = 64 * 1024
 READ_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 2.0  # the body's own deadline (PALMYRA_BODY_TIMEOUT_S; 30 s by default)

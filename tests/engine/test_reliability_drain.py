@@ -8,10 +8,14 @@ import math
 import signal
 import time
 
+import pytest
+
 from tests.engine.reliability_support import FAST, figure, long_stream, start_streams
 from tests.helpers import procs
 from tests.helpers.api import HTTP, completion
 from tests.helpers.waiting import wait_until
+
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
 
 STREAMS = 6
 # Every stream must still be running at SIGTERM and when the 503 is seen, even if the stop takes

@@ -37,7 +37,7 @@ READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])
 LIVENESS_BUDGET_S = float(FAST["PALMYRA_LIVENESS_BUDGET_S"])
 STREAMS = 4
 
-pytestmark = pytest.mark.damages_shared_engine
+pytestmark = [pytest.mark.damages_shared_engine, pytest.mark.engine_contract]  # engine_contract: the vllm018 tier too
 
 # Whether the sidecar's recovery is checked after the kill (a restart costs a minute or more).
 RECOVERS_AFTER = {"engine-core": True, "process-group": False}

@@ -16,6 +16,8 @@ from tests.engine.reliability_support import engine_gauge
 from tests.helpers.api import HTTP, raw_json_post
 from tests.helpers.waiting import wait_until
 
+pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
+
 
 @pytest.fixture(scope="module")
 def sdk(sidecar_server) -> openai.OpenAI:

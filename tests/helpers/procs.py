@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from palmyra_serve.engine import process_tree
+from tests.helpers import engine_under_test
 
 VENV_BIN = Path(sys.executable).parent
 PALMYRA = str(VENV_BIN / "palmyra-serve")
@@ -124,7 +125,8 @@ def engine(
     timeout_s: float = 420.0,
     port: int | None = None,
 ) -> Iterator[Server]:
-    """The real vLLM CPU engine through the project's launcher, on `port` (default: a free one)."""
+    """The real vLLM CPU engine through the project's launcher, on `port` (default: a free one);
+    which vLLM is tests/helpers/engine_under_test.py's choice."""
     port = port or free_port()
     env = {
         "PALMYRA_MODEL": str(model_dir),
@@ -132,12 +134,13 @@ def engine(
         "PALMYRA_DTYPE": dtype,
         "PALMYRA_MAX_MODEL_LEN": "2048",
         "PALMYRA_CPU_KVCACHE_GIB": "2",
+        **engine_under_test.environment(),
         **(extra_env or {}),
     }
     if api_key:
         env["PALMYRA_ENGINE_API_KEY"] = api_key
     log_path = log_dir / f"engine-{port}.log"
-    proc = spawn([PALMYRA, "engine", "--host", "127.0.0.1", "--port", str(port)], log_path, env)
+    proc = spawn([*engine_under_test.launcher(), "engine", "--host", "127.0.0.1", "--port", str(port)], log_path, env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(

@@ -179,6 +179,8 @@ ALLOWED_NON_SETTINGS = {
     "PALMYRA_TEST_WORKERS": ("test.sh", "parallel workers of the tiers that start no engine"),
     "PALMYRA_TEST_PREBUILD": ("test.sh", "the container images built in the background"),
     "PALMYRA_TEST_REPORTS": ("test.sh", "where each pytest run writes its JUnit file"),
+    "PALMYRA_TEST_ENGINE": ("tests/helpers/engine_under_test.py", "which vLLM the engine tier's engines run"),
+    "PALMYRA_VLLM018_VENV": ("tests/vllm018/install.sh", "where vLLM 0.18.0's test venv lives"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_RELIABILITY_FIGURES": (

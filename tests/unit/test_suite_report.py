@@ -38,3 +38,12 @@ def test_runs_are_summed_per_tier_and_counted_in_one_closing_line(tmp_path: Path
 
 def test_no_report_at_all_is_a_failure(tmp_path: Path):
     assert main([str(tmp_path)]) == 1
+
+
+def test_the_vllm018_run_is_a_tier_of_its_own_although_its_tests_live_in_tests_engine(tmp_path: Path):
+    (tmp_path / "engine.xml").write_text(ENGINE)
+    (tmp_path / "vllm018.xml").write_text(ENGINE.replace('time="10.25"', 'time="4.0"'))
+    tiers = tally(tmp_path)
+    assert (tiers["engine"].tests, tiers["engine"].seconds) == (1, 10.25)
+    assert (tiers["vllm018"].tests, tiers["vllm018"].seconds) == (1, 4.0)
+    assert render(tiers)[-1] == "suite: 2 passed, 0 failed, 0 skipped"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the venv the vllm018 tier runs vLLM 0.18.0 from (PALMYRA_VLLM018_VENV, default
+# .venv-vllm018): the locked set in requirements.txt beside this script, with --no-deps, so no
+# resolver runs and nothing moves between runs. Skipped when the venv was built from this very
+# lock and script (a stamp, as bootstrap.sh keeps one). About 8 GB and 3 minutes on a new machine
+# (the index's torch 2.10.0 brings its CUDA libraries).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=${PALMYRA_VLLM018_VENV:-.venv-vllm018}
+LOCK=tests/vllm018/requirements.txt
+STAMP="$VENV/.palmyra-installed"
+want=$(cat "$LOCK" "$0" | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+t0=$SECONDS
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install --disable-pip-version-check -q --no-compile --no-deps -r "$LOCK"
+echo "$want" >"$STAMP"
+echo "[vllm018] installed vLLM 0.18.0 into $VENV in $((SECONDS - t0)) s" >&2
