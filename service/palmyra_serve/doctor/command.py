@@ -63,7 +63,8 @@ def run(args: argparse.Namespace, settings: object) -> int:
 
 def preflight(settings: object, mode: str) -> bool:
     """The engine's start on Ascend: log every finding; False (do not start) when one is a stop
-    and mode is "stop". One `npu-smi info` and a few stat calls: ~0.1 s on a stand-in host."""
+    and mode is "stop". One `npu-smi info` and a few stat calls: 9 ms median on a stand-in host
+    (a script for npu-smi), so the real npu-smi's own run time is what it adds to a start."""
     if mode == "off":
         return True
     findings = diagnose("/", wanted(settings, os.environ))
