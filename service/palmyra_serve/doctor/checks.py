@@ -118,8 +118,9 @@ def check_npu_smi(host: HostView) -> Finding:
             "warn",
             f"npu-smi is in none of {where}: the NPU's health and free HBM go unchecked, and vllm-ascend's CPU "
             "binding (on by default on ARM hosts) runs npu-smi too",
-            "mount the directory that holds the host's npu-smi at the same path (or let the Ascend runtime mount "
-            "it), or turn CPU binding off: PALMYRA_ENGINE_EXTRA_ARGS='--additional-config.enable_cpu_binding false'",
+            "mount the host's npu-smi into the engine container (docs/ascend-troubleshooting.md, \"npu-smi is not "
+            'in the container"; in Kubernetes the Ascend runtime mounts it), or turn CPU binding off: '
+            "PALMYRA_ENGINE_EXTRA_ARGS='--additional-config.enable_cpu_binding false'",
         )
     if host.npu_smi_error:
         return Finding(name, "warn", host.npu_smi_error, "run `npu-smi info` on the host: the driver may need a reset")
@@ -207,6 +208,8 @@ def check_visible_devices(host: HostView) -> list[Finding]:
         )
     ids, var = visible_ids(host)
     count = len(host.npus) + len(host.vnpus)
+    if not count:
+        return [*out, Finding(name, "info", "no NPU device node to number (see devices)")]
     if ids is None:
         out.append(Finding(name, "stop", f"{var}={host.env.get(var)!r} is not a list of NPU numbers", f"e.g. {var}=0"))
         return out
