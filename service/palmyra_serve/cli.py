@@ -67,6 +67,14 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _warn_unknown_variables() -> None:
+    import os
+
+    from palmyra_serve.variables import warn_unknown
+
+    warn_unknown(os.environ)
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
     from palmyra_serve.engine.launcher import build_command, detect_platform, run
     from palmyra_serve.logs import configure
@@ -86,8 +94,9 @@ def cmd_engine(args: argparse.Namespace) -> int:
             return 1
     cmd = build_command(settings, model_path, platform)
     if args.print_command:
-        print(cmd.redacted())
+        print(cmd.redacted())  # alone on stdout: scripts read it
         return 0
+    _warn_unknown_variables()
     if platform == "ascend":
         from palmyra_serve.doctor.command import preflight
 
@@ -108,6 +117,7 @@ def cmd_sidecar(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure(settings.log_level)
+    _warn_unknown_variables()
     serve(settings)
     return 0
 

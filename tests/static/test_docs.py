@@ -24,6 +24,7 @@ import yaml
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.variables import NON_SETTINGS
 from tests.helpers.markdown import github_slug
 from tests.helpers.modules import load_module
 
@@ -153,42 +154,9 @@ def test_engine_metric_name_extraction_sees_histogram_series():
 
 # --- PALMYRA_ variables -----------------------------------------------------------------------
 
-# Non-setting variables: name -> (the file that reads it, why it is not a setting).
-ALLOWED_NON_SETTINGS = {
-    "PALMYRA_BIND": ("docker-compose.yml", "Compose interpolation: host address of the published port"),
-    "PALMYRA_NPU_INDEX": ("docker-compose.yml", "Compose interpolation: which /dev/davinciN to pass through"),
-    "PALMYRA_ENGINE_ASCEND_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
-    "PALMYRA_ENGINE_CPU_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
-    "PALMYRA_SIDECAR_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
-    "PALMYRA_NPU_EXPORTER_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
-    "PALMYRA_CANN_ENV": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
-    "PALMYRA_ASCEND_ROOT": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
-    "PALMYRA_PRELOAD_JEMALLOC": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
-    "PALMYRA_CANN_ENV_SCRIPTS": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
-    "PALMYRA_WORK_DIR": ("docker/engine-entrypoint.sh", "image entrypoint, runs before Python"),
-    "PALMYRA_VENV": ("bootstrap.sh", "install script, runs before the package exists"),
-    "PALMYRA_EXTRAS": ("bootstrap.sh", "install script, runs before the package exists"),
-    "PALMYRA_TORCH_INDEX": ("bootstrap.sh", "install script, runs before the package exists"),
-    "PALMYRA_PIP_ARGS": ("bootstrap.sh", "install script, runs before the package exists"),
-    "PALMYRA_CA_BUNDLE": ("scripts/podman/build-image.sh", "image build script"),
-    "PALMYRA_WHEELS_DIR": ("scripts/podman/build-image.sh", "image build script"),
-    "PALMYRA_PYTHON_BASE": ("scripts/podman/build-image.sh", "image build script"),
-    "PALMYRA_TORCH_CPU_INDEX_URL": ("scripts/podman/build-image.sh", "image build script"),
-    "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
-    "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
-    "PALMYRA_TEST_WORKERS": ("test.sh", "parallel workers of the tiers that start no engine"),
-    "PALMYRA_TEST_PREBUILD": ("test.sh", "the container images built in the background"),
-    "PALMYRA_TEST_REPORTS": ("test.sh", "where each pytest run writes its JUnit file"),
-    "PALMYRA_TEST_ENGINE": ("tests/helpers/engine_under_test.py", "which vLLM the engine tier's engines run"),
-    "PALMYRA_VLLM018_VENV": ("tests/vllm018/install.sh", "where vLLM 0.18.0's test venv lives"),
-    "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
-    "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
-    "PALMYRA_RELIABILITY_FIGURES": (
-        "tests/engine/reliability_support.py",
-        "where the reliability suite appends its figures",
-    ),
-    "PALMYRA_UPDATE_CONTRACT": ("tests/static/test_contract.py", "rewrites the contract snapshot's golden files"),
-}
+# Non-setting variables: name -> (the file that reads it, why it is not a setting); one list, in
+# service/palmyra_serve/variables.py, which also warns at start about a name that is neither.
+ALLOWED_NON_SETTINGS = NON_SETTINGS
 PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
 
