@@ -7,8 +7,8 @@
 # Settings: PALMYRA_VENV (default .venv), PALMYRA_EXTRAS (default engine-cpu,model),
 #           PALMYRA_TORCH_INDEX (a PyTorch CPU wheel index; probed before use, never assumed),
 #           PALMYRA_PIP_ARGS (more arguments for that `pip install`, split on spaces; ./test.sh
-#           passes --no-compile: byte-compiling the engine's ~24,000 files costs ~50 s of one core,
-#           and Python compiles the modules it imports when it first imports them anyway).
+#           passes --no-compile where Python may write bytecode: byte-compiling the engine's
+#           ~24,000 files costs ~50 s of one core, and Python compiles what it imports anyway).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}
