@@ -15,6 +15,10 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 t0=$SECONDS
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install --disable-pip-version-check -q --no-compile --no-deps -r "$LOCK"
+# Byte-compiled at install where Python would not write the bytecode it compiles on import itself
+# (PYTHONDONTWRITEBYTECODE): otherwise every engine process compiled vLLM's imports again.
+compile=(--no-compile)
+[ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || compile=()
+"$VENV/bin/pip" install --disable-pip-version-check -q "${compile[@]}" --no-deps -r "$LOCK"
 echo "$want" >"$STAMP"
 echo "[vllm018] installed vLLM 0.18.0 into $VENV in $((SECONDS - t0)) s" >&2
