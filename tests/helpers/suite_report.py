@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Seconds of pytest time per tier on the 2-core machine CI runs on: what ./test.sh measured from a
-# fresh clone on an AVX2-only 2-core EPYC (unit 80-92, static 293-318, app 586-676 on 3 workers beside the
-# image build; engine 751-863, container 425-489, two runs), plus room for noise and new tests.
+# fresh clone on an AVX2-only 2-core EPYC (unit 80-92, static 239-318, app 586-713 on 3 workers beside
+# the image build; engine 751-863, 923 in a run whose venv had no bytecode, container 339-489,
+# vllm018 245; three runs), plus room for noise and new tests.
 BUDGET_S = {"unit": 120, "static": 360, "app": 780, "engine": 900, "container": 600, "vllm018": 300}
 # Runs that are a tier of their own although their tests live in another tier's directory: the
 # vllm018 run is tests/engine's engine_contract tests again, against vLLM 0.18.0.

@@ -78,7 +78,7 @@ def check_driver(host: HostView, want: Wanted) -> Finding:
                 "stop",
                 "no Ascend driver here: no /usr/local/Ascend/driver/version.info, no /dev/davinci*, no npu-smi",
                 "install the Ascend driver (HDK) on the host and pass its devices and files to the engine "
-                "(docs/ascend.md), or run the CPU engine (PALMYRA_PLATFORM=cpu)",
+                '(README.md, "The first hour on a real 910B"), or run the CPU engine (PALMYRA_PLATFORM=cpu)',
             )
         return Finding(name, "info", "not an Ascend host (no driver, no /dev/davinci*, no npu-smi): nothing to check")
     if host.driver_version is None:
