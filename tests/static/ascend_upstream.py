@@ -10,8 +10,9 @@ What upstream's images ARE comes from the files vendored unmodified in tests/dat
 - vllm-ascend v0.18.0's Dockerfile and Dockerfile.a3: the CANN base each builds FROM, SOC_VERSION,
   the ENV the image sets, the vLLM tag it clones and the extra it installs, the extra indexes, the
   torch_npu / triton_ascend wheels it takes from its own bucket, the later installs, WORKDIR, CMD;
-- its image workflow (schedule_image_build_and_push.yaml and the _schedule_image_build.yaml it
-  calls): the registry image, the tag pattern and suffix per Dockerfile, the platforms;
+- its image workflow (schedule_image_build_and_push.yaml): the Dockerfiles and their tag suffixes
+  (the workflow it calls names the package index's host, so the registry image, the platforms and
+  the suffix's prefix are restated in the JSON, with their source);
 - CANN 8.5.1's 910b and a3 Dockerfiles (Ascend/cann-container-image): the scripts the ENTRYPOINT
   sources, the Python prefix, the OS, the ENV, the TARGETPLATFORM -> architecture mapping;
 - MindCluster's ascend-for-volcano constants, Ascend Docker Runtime's installer constants and the
@@ -347,36 +348,26 @@ def target_architectures(path: Path) -> dict[str, str]:
 class Published:
     images: dict[str, str]  # Dockerfile -> the image the release's tag publishes from it
     platforms: tuple[str, ...]
-    build_args: dict[str, str]
 
 
 def published(root: Path = IMAGE_DATA) -> Published:
     """What vllm-ascend's image workflow publishes for the release tag: per Dockerfile of its
-    matrix, the registry image with docker/metadata-action's pep440 `{{raw}}` tag (the git tag as
-    pushed) plus the suffix step's SUFFIX; the platforms each image is built for; the build args."""
+    matrix (schedule_image_build_and_push.yaml, vendored), the registry image with the pep440
+    `{{raw}}` tag (the git tag as pushed) plus "-" and the matrix's suffix; the platforms each image
+    is built for. The called workflow that holds the image name, the platforms and the suffix's
+    prefix is not vendored (it names the package index's host): those three come from the JSON's
+    `image_workflow`, with their source."""
     caller = yaml.safe_load(vllm_ascend_file("schedule_image_build_and_push.yaml", root).read_text(encoding="utf-8"))
     job = caller["jobs"]["image_build"]
-    callee_name = job["uses"].rsplit("/", 1)[1]
-    callee = yaml.safe_load(vllm_ascend_file(callee_name, root).read_text(encoding="utf-8"))
+    assert job["uses"].rsplit("/", 1)[1] == JSON_FACTS["image_workflow"]["file"].rsplit("/", 1)[1], job["uses"]
     assert job["with"]["dockerfile"] == "${{ matrix.build_meta.dockerfile }}", job["with"]
     assert job["with"]["suffix"] == "${{ matrix.build_meta.suffix }}", job["with"]
-    build = callee["jobs"]["build-push-digest"]
-    platforms = tuple(entry["arch"] for entry in build["strategy"]["matrix"]["include"])
-    push = next(s for s in build["steps"] if str(s.get("uses", "")).startswith("docker/build-push-action"))
-    build_args = dict(line.split("=", 1) for line in push["with"]["build-args"].split())
-    steps = callee["jobs"]["merge-image"]["steps"]
-    meta = next(s for s in steps if str(s.get("uses", "")).startswith("docker/metadata-action"))
-    (image,) = meta["with"]["images"].split()
-    tags = [t.strip() for t in meta["with"]["tags"].splitlines() if t.strip().startswith("type=pep440")]
-    assert tags == ["type=pep440,pattern={{raw}},suffix=${{ env.SUFFIX }}"], tags
-    suffix_step = next(s for s in steps if s.get("id") == "suffix")["run"]
-    prefix = re.search(r'then\s+echo "SUFFIX=(\S*?)\$\{\{ inputs\.suffix \}\}"', suffix_step)
-    assert prefix and re.search(r'else\s+echo "SUFFIX="', suffix_step), suffix_step
+    facts = JSON_FACTS["image_workflow"]
     images = {}
     for entry in job["strategy"]["matrix"]["build_meta"]:
-        suffix = f"{prefix.group(1)}{entry['suffix']}" if entry["suffix"] else ""
-        images[entry["dockerfile"]] = f"{image}:{RELEASE}{suffix}"
-    return Published(images, platforms, build_args)
+        suffix = f"{facts['suffix_prefix']}{entry['suffix']}" if entry["suffix"] else ""
+        images[entry["dockerfile"]] = f"{facts['image']}:{RELEASE}{suffix}"
+    return Published(images, tuple(facts["platforms"]))
 
 
 def architectures(root: Path = IMAGE_DATA) -> tuple[str, ...]:

@@ -744,17 +744,6 @@ MUTATIONS = {
         lambda root, tmp: base_image_problems(root),
         "A3 build argument",
     ),
-    "release-published-elsewhere": Mutation(
-        [
-            (
-                up.vllm_ascend_file("_schedule_image_build.yaml").name,
-                "\n            quay.io/ascend/vllm-ascend\n",
-                "\n            docker.io/ascend/vllm-ascend\n",
-            )
-        ],
-        lambda root, tmp: base_image_problems(root),
-        "ARG VLLM_ASCEND_BASE=",
-    ),
     "a3-soc-version-changes": Mutation(
         [(A3, 'ARG SOC_VERSION="ascend910_9391"', 'ARG SOC_VERSION="ascend910_9392"')],
         lambda root, tmp: variant_problems(root),
