@@ -11,6 +11,7 @@ from palmyra_serve.doctor import facts
 from palmyra_serve.doctor.checks import Finding, Wanted, run_checks
 from palmyra_serve.doctor.host import gather
 from palmyra_serve.doctor.report import exit_status, render_json, render_text, verdict
+from palmyra_serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +44,25 @@ def diagnose(root: str, want: Wanted, env: Mapping[str, str] | None = None, run_
     return run_checks(gather(root, env, run_smi=run_npu_smi), want)
 
 
-def wanted(settings: object, env: Mapping[str, str], image_arch: str | None = None) -> Wanted:
+def wanted(settings: Settings, env: Mapping[str, str], image_arch: str | None = None) -> Wanted:
     uid, gid = image_ids(env)
     return Wanted(
-        platform=str(getattr(settings, "platform", "auto")),
-        gpu_memory_utilization=float(getattr(settings, "gpu_memory_utilization", 0.85)),
-        enforce_eager=bool(getattr(settings, "enforce_eager", False)),
+        platform=settings.platform,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        enforce_eager=settings.enforce_eager,
         image_arch=image_arch,
         image_uid=uid,
         image_gid=gid,
     )
 
 
-def run(args: argparse.Namespace, settings: object) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     findings = diagnose(args.root, wanted(settings, os.environ, args.image_arch), run_npu_smi=not args.skip_npu_smi)
     print(render_json(findings) if args.json else render_text(findings))
     return exit_status(findings)
 
 
-def preflight(settings: object, mode: str) -> bool:
+def preflight(settings: Settings, mode: str) -> bool:
     """The engine's start on Ascend: log every finding; False (do not start) when one is a stop
     and mode is "stop". One `npu-smi info` and a few stat calls: 9 ms median on a stand-in host
     (a script for npu-smi), so the real npu-smi's own run time is what it adds to a start."""
