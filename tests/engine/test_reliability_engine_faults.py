@@ -28,7 +28,7 @@ from tests.engine.reliability_support import (
     ready,
     start_streams,
 )
-from tests.helpers import procs
+from tests.helpers import engine_under_test, procs
 from tests.helpers.api import HTTP, completion
 from tests.helpers.procs import RestartableEngine, signal_session
 from tests.helpers.waiting import seconds_until, wait_until
@@ -40,7 +40,13 @@ STREAMS = 4
 pytestmark = [pytest.mark.damages_shared_engine, pytest.mark.engine_contract]  # engine_contract: the vllm018 tier too
 
 # Whether the sidecar's recovery is checked after the kill (a restart costs a minute or more).
+# Against vLLM 0.18.0 only the engine-core kill runs, without the restart: how a dying core ends
+# the streams is the engine's to decide, so it is checked on both versions; a refused connection
+# (the process group gone) and the sidecar re-earning /ready on the same port do not depend on
+# the engine's version, and the default engine shows them.
 RECOVERS_AFTER = {"engine-core": True, "process-group": False}
+if engine_under_test.vllm018():
+    RECOVERS_AFTER = {"engine-core": False}
 
 
 @pytest.fixture(scope="module")

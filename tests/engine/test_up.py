@@ -9,10 +9,12 @@ engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS per worker on 
 and a resource tracker lived on, re-parented to init, for as long as the machine ran. Measured
 here before the fix with the tiny stand-in: EngineCore 805 MiB, Worker 2046 MiB, tracker 12 MiB,
 still there after `up` itself stopped. One kill per engine start: the launcher's process group,
-then the API server mid-stream, the engine core idle, a worker mid-stream, each on the engine the
-previous restart brought up. After each of vLLM's, once `up` says it restarted the engine, no
-process of the old engine's session or process groups may remain, nor any of the /dev/shm
-segments its processes mapped (structure, not a memory figure).
+then the API server mid-stream, the engine core while its engine is still starting (before it is
+ready: a death during start-up must be cleaned up too, and not waiting for ready saves an engine
+start), a worker mid-stream, each on the engine the previous restart brought up. After each of
+vLLM's, once `up` says it restarted the engine, no process of the old engine's session or process
+groups may remain, nor any of the /dev/shm segments its processes mapped (structure, not a memory
+figure).
 
 The tests share the run and build on each other's state, in file order.
 """
@@ -41,8 +43,9 @@ KINDS = {
     "engine_core": lambda p: p.name().startswith("VLLM::EngineCor"),
     "worker": lambda p: p.name().startswith("VLLM::Worker"),
 }
-# (what dies, whether a stream is in flight when it does), after the launcher's own death (restart 1)
-KILLS = (("api_server", True), ("engine_core", False), ("worker", True))
+# (what dies, and when: "mid-stream" on a ready engine, or "starting", as soon as the three
+# processes exist), after the launcher's own death (restart 1)
+KILLS = (("api_server", "mid-stream"), ("engine_core", "starting"), ("worker", "mid-stream"))
 
 
 def engine_processes(launcher: psutil.Process) -> dict[str, psutil.Process] | None:
@@ -102,7 +105,7 @@ class Stream(threading.Thread):
             pass  # the engine died under it: that is the point
 
 
-def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> None:
+def kill_and_check(u: procs.Up, restart: int, target: str, when: str) -> None:
     """Kill the current engine's `target`, wait for `up` to restart the engine, and check that
     nothing of the old one remains."""
     launcher = u.engine_launcher()
@@ -112,7 +115,7 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
     tree = {launcher.pid} | {c.pid for c in launcher.children(recursive=True)}
     segments = shared_memory(tree)
     stream = None
-    if mid_stream:
+    if when == "mid-stream":
         stream = Stream(u.url)
         stream.start()
         assert stream.started.wait(60), "the stream never started"
@@ -130,7 +133,7 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
     took = time.monotonic() - t_kill
     left = of_engine(sid, groups)
     print(
-        f"{target} killed {'mid-stream' if mid_stream else 'idle'} (pid {victim.pid}); up restarted the engine "
+        f"{target} killed {when} (pid {victim.pid}); up restarted the engine "
         f"{took:.1f} s later; left of the old engine (session {sid}, groups {sorted(groups)}): {left or 'nothing'}"
     )
     said = engine_log.read_bytes()[seen:].decode(errors="replace").splitlines()
@@ -148,10 +151,15 @@ def kill_and_check(u: procs.Up, restart: int, target: str, mid_stream: bool) -> 
         assert not stream.is_alive(), "the stream outlived its engine"
 
 
-def wait_ready_again(u: procs.Up, restarts: int) -> None:
+def wait_ready_again(u: procs.Up, restart: int) -> None:
+    """Until `up` says the engine of this restart is ready (an engine killed while starting never is)."""
     t0 = time.monotonic()
+    started = f"engine restarted (restart {restart})"
     wait_until(
-        lambda: u.console().count("ready again in ") >= restarts, 420, "ready again after the restart", interval_s=1
+        lambda: "ready again in " in u.console().partition(started)[2],
+        420,
+        "ready again after the restart",
+        interval_s=1,
     )
     wait_until(
         lambda: HTTP.get(f"{u.url}/ready", timeout=5).status_code == 200,
@@ -206,9 +214,10 @@ def test_a_killed_launcher_is_restarted_while_the_sidecar_serves_on(up):
 
 def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(up):
     t0 = time.monotonic()
-    for restart, (target, mid_stream) in enumerate(KILLS, start=2):
-        wait_ready_again(up, restart - 1)
-        kill_and_check(up, restart, target, mid_stream)
+    for restart, (target, when) in enumerate(KILLS, start=2):
+        if when == "mid-stream":
+            wait_ready_again(up, restart - 1)
+        kill_and_check(up, restart, target, when)
     print(f"test wall time {time.monotonic() - t0:.0f} s")
 
 
