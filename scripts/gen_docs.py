@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Generate the reference parts of docs/configuration.md and docs/metrics.md from the code.
+"""Generate the reference parts of docs/configuration.md, docs/metrics.md and docker-compose.yml
+from the code.
 
     python scripts/gen_docs.py           rewrite the generated blocks in place
     python scripts/gen_docs.py --check   exit 1 (with a diff) when a committed doc is stale
 
-Only the text between `<!-- BEGIN GENERATED name -->` and `<!-- END GENERATED name -->` is
-rewritten; the hand-written prose around it survives. Sources of truth:
+Only the text between `<!-- BEGIN GENERATED name -->` and `<!-- END GENERATED name -->` (in YAML:
+`# BEGIN GENERATED name` and `# END GENERATED name`) is rewritten; the hand-written prose around
+it survives. Sources of truth:
 - settings: palmyra_serve.settings.Settings.model_fields (env var PALMYRA_<FIELD>)
 - CLI: palmyra_serve.cli.build_parser(), every subcommand and option
 - engine command: palmyra_serve.engine.launcher.build_command() with default settings, per platform
 - sidecar metrics: a fresh SidecarMetrics registry, walked with collect()
+- Compose's settings pass-through: the same Settings fields, less those docker-compose.yml fixes
 The engine (vllm:) metrics table in docs/metrics.md is hand-maintained; tests/static/test_docs.py
 checks it against the dashboards and alert rules.
 """
@@ -41,9 +44,29 @@ ENV_PREFIX = "PALMYRA_"
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 METRICS_DOC = REPO / "docs" / "metrics.md"
 DEPLOYMENT = REPO / "k8s" / "base" / "deployment.yaml"
+COMPOSE_FILE = REPO / "docker-compose.yml"
 BLOCK = re.compile(
     r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)", re.S
 )
+YAML_BLOCK = re.compile(
+    r"(# BEGIN GENERATED (?P<name>[\w-]+) [^\n]*\n)(?P<body>.*?)(# END GENERATED (?P=name)\n)", re.S
+)
+# Settings docker-compose.yml sets itself, because the layout decides them (addresses and ports
+# inside the shared network namespace, the engine key it requires, the model volume's paths), or
+# that only `palmyra-serve up` reads; every other setting passes from the env file to both
+# containers. The images' commands give host and port as flags, which win over the environment.
+COMPOSE_FIXED = {
+    "host": "flag of the images' commands",
+    "port": "flag of the sidecar image's command; PALMYRA_PORT is the published host port",
+    "probe_port": "the healthchecks' port, 8081",
+    "engine_url": "the engine on the shared loopback",
+    "engine_port": "flag of the engine's command",
+    "engine_api_key": "required, set by the Compose file itself",
+    "model": "the engine serves the `models` volume; model-init reads PALMYRA_MODEL",
+    "model_dir": "the `models` volume",
+    "model_source": "the `models` volume",
+    "up_log_dir": "`palmyra-serve up` only",
+}
 # Labels whose values are open-ended (not a fixed, pre-created set): shown by name and meaning only.
 OPEN_LABELS = {"status": "HTTP status code as a string", "version": "palmyra-serve version"}
 # Where the launcher's environment would otherwise leak the caller's machine into the document.
@@ -353,6 +376,17 @@ def sidecar_memory() -> str:
     return memory_budget.markdown(Settings(), memory_budget.container_limit(deployment, "sidecar"))
 
 
+def compose_settings() -> str:
+    """The YAML mapping of every setting Compose passes through, each from the variable of the same
+    name, empty (the default, for Settings) when the env file and the shell leave it out."""
+    lines = [
+        f"  {env_name(field)}: ${{{env_name(field)}:-}}\n"
+        for field in Settings.model_fields
+        if field not in COMPOSE_FIXED
+    ]
+    return "x-settings: &settings\n" + "".join(lines)
+
+
 GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
     CONFIG_DOC: {
         "settings": settings_table,
@@ -361,6 +395,7 @@ GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
         "sidecar-memory": sidecar_memory,
     },
     METRICS_DOC: {"sidecar-metrics": metrics_table, "sidecar-buckets": buckets_table},
+    COMPOSE_FILE: {"compose-settings": compose_settings},
 }
 
 
@@ -373,7 +408,8 @@ def rel(path: Path) -> str:
 
 def render(path: Path, text: str, generators: dict[str, Callable[[], str]] | None = None) -> str:
     wanted = generators if generators is not None else GENERATORS[path]
-    found = {m.group("name") for m in BLOCK.finditer(text)}
+    block = YAML_BLOCK if path.suffix in (".yml", ".yaml") else BLOCK
+    found = {m.group("name") for m in block.finditer(text)}
     missing = set(wanted) - found
     if missing:
         raise SystemExit(
@@ -387,7 +423,7 @@ def render(path: Path, text: str, generators: dict[str, Callable[[], str]] | Non
             raise SystemExit(f"{rel(path)}: unknown generated block {name!r}")
         return m.group(1) + wanted[name]() + m.group(4)
 
-    return BLOCK.sub(fill, text)
+    return block.sub(fill, text)
 
 
 def main(argv: list[str] | None = None, generators: dict[Path, dict[str, Callable[[], str]]] | None = None) -> int:

@@ -2,6 +2,9 @@
 
 CLI flags override the environment (cli.py passes them as keyword arguments). Nothing here is
 built at import time: callers construct Settings() when they start.
+
+An empty variable counts as unset (the default applies): docker-compose.yml hands every setting
+to the containers as `PALMYRA_<NAME>: ${PALMYRA_<NAME>:-}`, so one the env file leaves out arrives empty.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from palmyra_serve import HUB_MODEL_ID, SERVED_MODEL_NAME
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PALMYRA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PALMYRA_", extra="ignore", env_ignore_empty=True)
 
     # --- where things are ---------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the sidecar (or engine, for `engine`) listens on.")
@@ -64,7 +67,10 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(1, description="Engine --tensor-parallel-size.")
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (faster start, slower decode).")
     npu_devices: str | None = Field(
-        None, description="Ascend devices to use, exported as ASCEND_RT_VISIBLE_DEVICES (e.g. '0')."
+        None,
+        description="The NPU(s) the engine uses, as `npu-smi info` numbers them on the host (e.g. '3', or '0,1' "
+        "for tensor parallelism); exported as ASCEND_RT_VISIBLE_DEVICES. Compose passes /dev/davinci<N> for one "
+        "N and numbers it 0 inside the container; on Kubernetes the device plugin chooses: leave it unset.",
     )
     doctor: Literal["stop", "warn", "off"] = Field(
         "stop",

@@ -18,7 +18,6 @@ PREFIX = "PALMYRA_"
 # documented.
 NON_SETTINGS: dict[str, tuple[str, str]] = {
     "PALMYRA_BIND": ("docker-compose.yml", "Compose interpolation: host address of the published port"),
-    "PALMYRA_NPU_INDEX": ("docker-compose.yml", "Compose interpolation: which /dev/davinciN to pass through"),
     "PALMYRA_ENGINE_ASCEND_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
     "PALMYRA_ENGINE_CPU_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
     "PALMYRA_SIDECAR_IMAGE": ("docker-compose.yml", "Compose interpolation: image name"),
@@ -36,6 +35,7 @@ NON_SETTINGS: dict[str, tuple[str, str]] = {
     "PALMYRA_WHEELS_DIR": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_PYTHON_BASE": ("scripts/podman/build-image.sh", "image build script"),
     "PALMYRA_TORCH_CPU_INDEX_URL": ("scripts/podman/build-image.sh", "image build script"),
+    "PALMYRA_API_KEY": ("service/palmyra_serve/tools/endpoint.py", "the client key validate and bench send"),
     "PALMYRA_LONG": ("tests/conftest.py", "test selection"),
     "PALMYRA_TEST_EXTRAS": ("test.sh", "test installation"),
     "PALMYRA_TEST_WORKERS": ("test.sh", "parallel workers of the tiers that start no engine"),
@@ -44,7 +44,6 @@ NON_SETTINGS: dict[str, tuple[str, str]] = {
     "PALMYRA_TEST_ENGINE": ("tests/helpers/engine_under_test.py", "which vLLM the engine tier's engines run"),
     "PALMYRA_VLLM018_VENV": ("tests/vllm018/install.sh", "where vLLM 0.18.0's test venv lives"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
-    "PALMYRA_TEST_MAX_MODEL_LEN": ("compose/podman-test.override.yml", "test-only Compose override"),
     "PALMYRA_RELIABILITY_FIGURES": (
         "tests/engine/reliability_support.py",
         "where the reliability suite appends its figures",

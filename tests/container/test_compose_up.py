@@ -1,7 +1,8 @@
 """docker-compose.yml brought up for real with podman-compose: the CPU switch (`--profile cpu`)
 plus the test-only override (host networking for the namespace holder, local images, loopback
-ports). model-init-cpu fills the project's `models` volume (the tiny stand-in, built inside the
-container), the CPU engine serves it, the sidecar in front reaches /ready and returns real tokens;
+ports), with an operator's env file that sets one engine and one sidecar setting (each seen to
+take effect). model-init-cpu fills the project's `models` volume (the tiny stand-in, built inside
+the container), the CPU engine serves it, the sidecar in front reaches /ready and returns real tokens;
 the engine and the sidecar really share the holder's network namespace, the engine listens on its
 loopback only, both run as non-root users, the engine image's shipped probe passes against the live
 engine, a restarted sidecar finds the engine again, and with the engine stopped its probe fails
@@ -38,9 +39,28 @@ SERVICES = [HOLDER, "model-init-cpu", "engine-cpu", "sidecar"]
 READY_TIMEOUT_S = 900
 
 
+# The operator's env file of this stack: the keys Compose requires, and one engine setting and one
+# sidecar setting away from their defaults, to see each take effect in its container.
+ENV_FILE_MAX_MODEL_LEN = 1536  # the engine's (default 8192)
+ENV_FILE_MAX_TOKENS_CAP = 100  # the sidecar's (default: max-model-len)
+OPERATOR_ENV = {
+    "COMPOSE_PROFILES": "cpu",
+    "PALMYRA_PLATFORM": "cpu",
+    "PALMYRA_ENGINE_API_KEY": "compose-test-engine-key",
+    "GRAFANA_ADMIN_PASSWORD": "compose-test-grafana-password",
+    "PALMYRA_AUTH_DISABLED": "true",  # auth fails closed; this stack serves without client keys
+    "HF_ENDPOINT": "http://127.0.0.1:9",  # nothing leaves the machine
+    "PALMYRA_MAX_MODEL_LEN": str(ENV_FILE_MAX_MODEL_LEN),
+    "PALMYRA_MAX_TOKENS_CAP": str(ENV_FILE_MAX_TOKENS_CAP),
+}
+ENV_FILE = REPO / ".test-reports" / "compose-test.env"
+
+
 def compose(*args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
     argv = [
         str(Path(sys.executable).parent / "podman-compose"),
+        "--env-file",
+        str(ENV_FILE),
         "-p",
         PROJECT,
         "--profile",
@@ -71,11 +91,10 @@ def stack(built_images: BuiltImages) -> Iterator[dict[str, str]]:
     # The override's fixed loopback ports (podman-compose cannot interpolate inside !override).
     for port in (ENGINE_PORT, SIDECAR_PORT):
         assert port_is_free(port), f"127.0.0.1:{port} is taken: compose/podman-test.override.yml needs it"
-    env = env_with(
-        PALMYRA_ENGINE_API_KEY="compose-test-engine-key",
-        PALMYRA_AUTH_DISABLED="true",  # auth fails closed; this stack serves without client keys
-        HF_ENDPOINT="http://127.0.0.1:9",  # nothing leaves the machine
-    )
+    ENV_FILE.parent.mkdir(exist_ok=True)
+    ENV_FILE.write_text("".join(f"{k}={v}\n" for k, v in OPERATOR_ENV.items()))
+    # The shell's PALMYRA_* would win over the env file: the file alone speaks here.
+    env = {k: v for k, v in env_with().items() if not k.startswith(("PALMYRA_", "COMPOSE_", "GRAFANA_"))}
     compose("down", "-v", "-t", "5", env=env, timeout=300)  # leftovers of an interrupted run
     up = compose("up", "-d", *SERVICES, env=env)
     try:
@@ -112,6 +131,20 @@ def test_stack_reaches_ready_and_serves_tokens(stack: dict[str, str]) -> None:
     engine = f"http://127.0.0.1:{ENGINE_PORT}"
     assert http("GET", f"{engine}/v1/models")[0] == 401
     assert http("GET", f"{engine}/health")[0] == 200
+
+
+def test_settings_in_the_env_file_take_effect_in_their_containers(stack: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{SIDECAR_PORT}"
+    containers = names(stack)
+    wait_ready(url, [containers["engine-cpu"], containers["sidecar"]], READY_TIMEOUT_S)
+    # The engine's: vLLM serves the env file's max-model-len (what /v1/models reports).
+    status, body = http("GET", f"{url}/v1/models")
+    assert status == 200 and body["data"][0]["max_model_len"] == ENV_FILE_MAX_MODEL_LEN, body
+    # The sidecar's: its max_tokens cap refuses one token more, before the engine.
+    status, body = completion(url, max_tokens=ENV_FILE_MAX_TOKENS_CAP + 1)
+    assert status == 400 and "max_tokens" in body["error"]["message"], body
+    status, body = completion(url, max_tokens=ENV_FILE_MAX_TOKENS_CAP)
+    assert status == 200, body
 
 
 def _proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

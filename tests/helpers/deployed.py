@@ -24,7 +24,8 @@ def sidecar_settings(config: dict[str, str], sidecar: dict) -> Settings:
     command = sidecar["command"]
     assert command[0] == "palmyra-serve", command
     flags = {k: v for k, v in vars(build_parser().parse_args(command[1:])).items() if k in Settings.model_fields}
-    known = {k: v for k, v in fields.items() if k in Settings.model_fields}
+    # An empty value is no value, as Settings reads the environment (env_ignore_empty).
+    known = {k: v for k, v in fields.items() if k in Settings.model_fields and v != ""}
     return Settings(_env_file=None, **{**known, **flags})
 
 

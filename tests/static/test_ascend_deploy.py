@@ -463,9 +463,15 @@ def compose_config(**env: str) -> dict[str, Any]:
             "docker-compose.yml",
             "config",
         ],
-        # Compose requires the engine key and compose/ascend.env ships none (the shell gives it).
+        # Compose requires the engine key and Grafana's password; compose/ascend.env ships neither
+        # (the shell gives them).
         cwd=REPO,
-        env={**environ, "PALMYRA_ENGINE_API_KEY": "static-test-engine-key", **env},
+        env={
+            **environ,
+            "PALMYRA_ENGINE_API_KEY": "static-test-engine-key",
+            "GRAFANA_ADMIN_PASSWORD": "static-test-grafana-password",
+            **env,
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -478,7 +484,7 @@ def compose_config(**env: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Any]:
     # A host index and gid other than the defaults, to see them travel.
-    return compose_config(PALMYRA_NPU_INDEX="3", HWHIAIUSER_GID="1234")
+    return compose_config(PALMYRA_NPU_DEVICES="3", HWHIAIUSER_GID="1234")
 
 
 def test_compose_engine_devices_and_mounts_are_vllm_ascends(rendered):

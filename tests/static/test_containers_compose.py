@@ -31,7 +31,7 @@ COMPOSE_DIR = REPO / "compose"
 OVERRIDES = sorted(COMPOSE_DIR.glob("*.yml"))
 BIN = Path(sys.executable).parent
 SIDECAR_PATHS = PROBE_PATHS  # what the sidecar's probe port serves
-ASCEND_DEVICES = ["/dev/davinci${PALMYRA_NPU_INDEX:-0}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_DEVICES = ["/dev/davinci${PALMYRA_NPU_DEVICES:-0}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 ASCEND_DRIVER = [  # vllm-ascend's `docker run` mounts but npu-smi (test_ascend_deploy.py says why)
     "/usr/local/dcmi",
     "/usr/local/Ascend/driver/lib64/",
@@ -41,6 +41,7 @@ ASCEND_DRIVER = [  # vllm-ascend's `docker run` mounts but npu-smi (test_ascend_
 PROBE = "/opt/palmyra/healthchecks/http_probe.py"
 HOLDER = "pod"  # the service that only holds the replica's network namespace
 TEST_ENGINE_KEY = "static-test-engine-key"  # Compose requires one; the env files ship none
+TEST_GRAFANA_PASSWORD = "static-test-grafana-password"  # the same
 IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
 ENGINE_PORT, SIDECAR_PORT = 8000, 8080
 # The engine's launcher command as the image runs it, bound to the namespace's loopback.
@@ -184,9 +185,12 @@ def test_env_examples_set_the_switch(env_file: str, profile: str) -> None:
     lines = (COMPOSE_DIR / env_file).read_text().splitlines()
     values = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
     assert values["COMPOSE_PROFILES"] == profile
-    # No usable placeholder shipped: the engine key is empty and Compose requires it (below).
-    assert values["PALMYRA_ENGINE_API_KEY"] == ""
+    # No usable placeholder shipped: the engine key and Grafana's password are empty and Compose
+    # requires them (below).
+    assert values["PALMYRA_ENGINE_API_KEY"] == "" and values["GRAFANA_ADMIN_PASSWORD"] == ""
     assert values["PALMYRA_BIND"] == "127.0.0.1"
+    # The sidecar sizes admission's ceiling by the platform: the env file tells it, as the engine.
+    assert values["PALMYRA_PLATFORM"] == profile
 
 
 @pytest.mark.parametrize(("engine", "init"), [("engine", "model-init"), ("engine-cpu", "model-init-cpu")])
@@ -220,6 +224,22 @@ def test_ascend_engine_devices_driver_and_shm(services: dict[str, Any]) -> None:
     # The one device passed in is device 0 inside the container, whatever its host index.
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "0" and env["PALMYRA_NPU_DEVICES"] == "0"
     assert env["PALMYRA_PLATFORM"] == "ascend"
+
+
+def test_npu_check_comes_first_in_the_ascend_profile_and_touches_nothing(services: dict[str, Any]) -> None:
+    # Before the weights are fetched: model-init waits for it, the engine for model-init.
+    check = services["npu-check"]
+    assert check["profiles"] == ["ascend"]
+    assert services["model-init"]["depends_on"]["npu-check"] == {"condition": "service_completed_successfully"}
+    assert services["engine"]["depends_on"]["model-init"] == {"condition": "service_completed_successfully"}
+    # The driver check only, from the small sidecar image, which has no NPU, no network, nothing
+    # writable, and the host's paths read-only (both exist on every Linux host: no bind mount
+    # creates a directory on the host).
+    assert check["image"] == services["sidecar"]["image"]
+    assert check["entrypoint"][:2] == ["palmyra-serve", "doctor"] and check["entrypoint"][-2:] == ["--only", "driver"]
+    assert "devices" not in check and check["network_mode"] == "none" and check["read_only"] is True
+    assert check["volumes"] == ["/dev:/host/dev:ro", "/usr/local:/host/usr/local:ro"]
+    assert check["restart"] == "no" and check["healthcheck"] == {"disable": True}
 
 
 def test_npu_exporter_only_with_ascend(services: dict[str, Any]) -> None:
@@ -317,7 +337,8 @@ def _podman_compose_run(
     argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_"))}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_", "GRAFANA_"))}
+    environ["GRAFANA_ADMIN_PASSWORD"] = TEST_GRAFANA_PASSWORD  # required too; a test that wants it unset says ""
     return subprocess.run(
         [*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env}, timeout=60, check=False
     )
@@ -372,7 +393,11 @@ def test_restart_policies_and_drain_order(services: dict[str, Any]) -> None:
     # after a daemon restart, before the containers that join it.
     assert services[HOLDER]["restart"] == "always"
     env = env_of(services["sidecar"])
-    drain = float(env["PALMYRA_DRAIN_TIMEOUT_S"].split(":-")[-1].rstrip("}"))
+    # Passed through from the env file; left out, it arrives empty and the setting's default applies.
+    assert env["PALMYRA_DRAIN_TIMEOUT_S"] == "${PALMYRA_DRAIN_TIMEOUT_S:-}"
+    from palmyra_serve.settings import Settings
+
+    drain = Settings.model_fields["drain_timeout_s"].default
     # Compose stops the engine together with the sidecar (no preStop to hold it back) and nothing
     # routes by the sidecar's /ready: serving on after SIGTERM would only meet a stopping engine.
     assert float(env["PALMYRA_DRAIN_PROPAGATION_S"].split(":-")[-1].rstrip("}")) == 0
@@ -443,6 +468,98 @@ def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
     )["services"]
     assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
     assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
+
+
+@pytest.mark.parametrize("env_file", ["/dev/null", "compose/cpu.env"])
+def test_compose_refuses_to_run_without_a_grafana_password(env_file: str) -> None:
+    refused = _podman_compose_run(
+        COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY, GRAFANA_ADMIN_PASSWORD=""
+    )
+    assert refused.returncode != 0
+    assert "required variable GRAFANA_ADMIN_PASSWORD is missing a value" in refused.stderr
+    given = yaml.safe_load(
+        _podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
+    )["services"]
+    assert given["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == TEST_GRAFANA_PASSWORD
+
+
+def documented_settings() -> list[str]:
+    """The settings docs/configuration.md lists (its generated table), by variable name."""
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    table = doc.split("<!-- BEGIN GENERATED settings", 1)[1].split("<!-- END GENERATED settings", 1)[0]
+    return re.findall(r"^\| `(PALMYRA_[A-Z0-9_]+)` \|", table, flags=re.M)
+
+
+# What docker-compose.yml sets in the engine or the sidecar itself, whatever the env file says.
+SET_BY_COMPOSE = {
+    "engine": {
+        "PALMYRA_MODEL": "/models/palmyra-mini",
+        "PALMYRA_MODEL_DIR": "/models/palmyra-mini",
+        "PALMYRA_MODEL_SOURCE": "local",
+        "PALMYRA_API_KEYS": "",  # client keys stay with the sidecar
+        "PALMYRA_API_KEYS_FILE": "",
+    },
+    "sidecar": {"PALMYRA_ENGINE_URL": "http://127.0.0.1:8000", "PALMYRA_PROBE_PORT": "8081"},
+}
+# Never from the env file: the images' commands set host and port as flags (which win over the
+# environment; PALMYRA_PORT is the published host port), the engine's address is the layout's,
+# and the up-only setting has no use in a container.
+LAYOUT_ONLY = {
+    "PALMYRA_HOST",
+    "PALMYRA_PORT",
+    "PALMYRA_PROBE_PORT",
+    "PALMYRA_ENGINE_URL",
+    "PALMYRA_ENGINE_PORT",
+    "PALMYRA_MODEL",
+    "PALMYRA_MODEL_DIR",
+    "PALMYRA_MODEL_SOURCE",
+    "PALMYRA_UP_LOG_DIR",
+}
+
+
+@pytest.mark.parametrize("profile", ["cpu", "ascend"])
+def test_every_documented_setting_in_the_env_file_reaches_its_containers(profile: str, tmp_path: Path) -> None:
+    # An env file as an operator writes one: every documented setting with a value of its own.
+    names = documented_settings()
+    assert len(names) > 60 and "PALMYRA_ENFORCE_EAGER" in names and "PALMYRA_MAX_TOKENS_CAP" in names
+    values = {name: f"v-{name.lower()}" for name in names}
+    values["PALMYRA_ENGINE_API_KEY"] = TEST_ENGINE_KEY
+    env_file = tmp_path / "operator.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    result = _podman_compose_run(COMPOSE, profile=profile, env_file=str(env_file))
+    assert result.returncode == 0, result.stderr[-2000:]
+    services = yaml.safe_load(result.stdout)["services"]
+    engine = "engine" if profile == "ascend" else "engine-cpu"
+    fixed = {
+        engine: {
+            **SET_BY_COMPOSE["engine"],
+            "PALMYRA_PLATFORM": profile,
+            # The one NPU it was given is 0 inside; the env file's number picked the node (below).
+            **({"PALMYRA_NPU_DEVICES": "0"} if profile == "ascend" else {}),
+        },
+        "sidecar": SET_BY_COMPOSE["sidecar"],
+    }
+    for service in (engine, "sidecar"):
+        env = services[service]["environment"]
+        for name in names:
+            if name in fixed[service]:
+                assert env[name] == fixed[service][name], (service, name, env.get(name))
+            elif name in LAYOUT_ONLY:
+                assert env.get(name) != values[name], (service, name)
+            elif name == "PALMYRA_ENGINE_API_KEY" and service == engine:
+                assert env["VLLM_API_KEY"] == values[name]  # vLLM's own name for it
+            else:
+                assert env.get(name) == values[name], f"{service}: {name} did not arrive from the env file"
+    # The host's NPU number picks the device node; inside, the engine numbers it 0 (above).
+    if profile == "ascend":
+        assert "/dev/davinciv-palmyra_npu_devices" in services["engine"]["devices"]
+    # Left out of the env file, a setting arrives empty, which the settings read as their default.
+    bare = yaml.safe_load(_podman_compose_run(COMPOSE, profile=profile, PALMYRA_ENGINE_API_KEY="k").stdout)
+    assert bare["services"]["sidecar"]["environment"]["PALMYRA_MAX_QUEUE"] == ""
+    # Nothing but settings (and the engine's own variables) travels: Grafana's password stays Grafana's.
+    for service in (engine, "sidecar"):
+        assert "GRAFANA_ADMIN_PASSWORD" not in services[service]["environment"]
+        assert TEST_GRAFANA_PASSWORD not in json.dumps(services[service])
 
 
 def test_the_sidecar_worst_case_memory_fits_its_compose_limit() -> None:

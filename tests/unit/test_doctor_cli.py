@@ -68,3 +68,19 @@ def test_the_engine_on_ascend_refuses_to_start_vllm_when_doctor_finds_a_certain_
     # --print-command starts nothing, so it runs no checks.
     printed = subprocess.run([*argv, "--print-command"], capture_output=True, text=True, timeout=60, env=env)
     assert printed.returncode == 0 and "doctor" not in printed.stdout + printed.stderr
+
+
+def test_only_judges_the_named_checks(tmp_path):
+    # Compose's npu-check runs `--only driver` from the sidecar's image: a host with no Ascend driver
+    # stops, naming the CPU path; a driver host passes even where other checks, judged from a
+    # container that is not the engine's, would fail (here: no device node at all).
+    cpu_host = ascend_host.build(tmp_path / "cpu", Layout(npus=(), control=(), driver_version=None, npu_smi_at=None))
+    stopped = doctor("--root", str(cpu_host), "--platform", "ascend", "--no-npu-smi", "--only", "driver")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert stopped.stdout.startswith("[STOP] driver: no Ascend driver here") and "compose/cpu.env" in stopped.stdout
+    assert "devices:" not in stopped.stdout
+    driver_only = ascend_host.build(tmp_path / "npu", Layout(npus=()))
+    passed = doctor("--root", str(driver_only), "--platform", "ascend", "--no-npu-smi", "--only", "driver")
+    assert passed.returncode == 0 and passed.stdout.startswith("[ok  ] driver:"), passed.stdout + passed.stderr
+    unknown = doctor("--root", str(driver_only), "--only", "drivers")
+    assert unknown.returncode == 2 and "no check named drivers" in unknown.stdout

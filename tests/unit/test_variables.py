@@ -13,7 +13,7 @@ from tests.helpers.procs import free_port
 
 
 def test_a_typo_is_named_with_the_setting_it_resembles_and_known_names_pass():
-    names = ["PALMYRA_ENFORCE_EAGRE", "PALMYRA_DTYPE", "PALMYRA_NPU_INDEX", "PALMYRA_NOTHING_LIKE_IT", "HOME"]
+    names = ["PALMYRA_ENFORCE_EAGRE", "PALMYRA_DTYPE", "PALMYRA_BIND", "PALMYRA_NOTHING_LIKE_IT", "HOME"]
     assert unknown(names) == [("PALMYRA_ENFORCE_EAGRE", "PALMYRA_ENFORCE_EAGER"), ("PALMYRA_NOTHING_LIKE_IT", None)]
     assert unknown(sorted(setting_names() | set(NON_SETTINGS))) == []
 

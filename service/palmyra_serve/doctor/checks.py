@@ -78,7 +78,8 @@ def check_driver(host: HostView, want: Wanted) -> Finding:
                 "stop",
                 "no Ascend driver here: no /usr/local/Ascend/driver/version.info, no /dev/davinci*, no npu-smi",
                 "install the Ascend driver (HDK) on the host and pass its devices and files to the engine "
-                '(README.md, "The first hour on a real 910B"), or run the CPU engine (PALMYRA_PLATFORM=cpu)',
+                '(README.md, "The first hour on a real 910B"); or, on a host without an NPU, run the CPU engine: '
+                "`docker compose --env-file compose/cpu.env up -d` with Compose, PALMYRA_PLATFORM=cpu elsewhere",
             )
         return Finding(name, "info", "not an Ascend host (no driver, no /dev/davinci*, no npu-smi): nothing to check")
     if host.driver_version is None:
@@ -265,7 +266,7 @@ def check_npu_state(host: HostView, want: Wanted) -> list[Finding]:
                 name,
                 "stop" if chip.health in facts.HEALTH_STOP else "warn",
                 f"{label}: health {chip.health}",
-                "`npu-smi info -t health -i <npu>` names the alarm; pick another NPU (PALMYRA_NPU_INDEX) or reset it",
+                "`npu-smi info -t health -i <npu>` names the alarm; pick another NPU (PALMYRA_NPU_DEVICES) or reset it",
             )
         )
     free, total, used = chip.hbm_free_share, chip.hbm_total_mb, chip.hbm_used_mb or 0

@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--no-npu-smi", dest="skip_npu_smi", action="store_true", help="do not run `npu-smi info`")
+    p.add_argument(
+        "--only",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        default=None,
+        metavar="CHECK[,CHECK]",
+        help="report and judge only these checks (names as the report prints them, e.g. driver): for a look "
+        "from a container other than the engine's, whose user and devices differ",
+    )
 
 
 def diagnose(root: str, want: Wanted, env: Mapping[str, str] | None = None, run_npu_smi: bool = True) -> list[Finding]:
@@ -58,6 +66,12 @@ def wanted(settings: Settings, env: Mapping[str, str], image_arch: str | None = 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     findings = diagnose(args.root, wanted(settings, os.environ, args.image_arch), run_npu_smi=not args.skip_npu_smi)
+    if args.only:
+        unknown = sorted(set(args.only) - {f.check for f in findings})
+        if unknown:
+            print(f"doctor: no check named {', '.join(unknown)}; the checks: {', '.join(f.check for f in findings)}")
+            return 2
+        findings = [f for f in findings if f.check in args.only]
     print(render_json(findings) if args.json else render_text(findings))
     return exit_status(findings)
 
