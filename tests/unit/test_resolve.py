@@ -97,6 +97,21 @@ def test_weights_already_present_are_not_fetched_again(tmp_path, monkeypatch):
     assert resolve.resolve(Settings(model_dir=dest), platform="cpu") == dest
 
 
+def test_a_reused_stand_in_says_how_to_start_fresh(tmp_path, monkeypatch, caplog):
+    # A stand-in left by an offline start would otherwise be served forever in place of the real
+    # weights, without a word: the reuse names the directory to remove.
+    dest = stand_in.build(tmp_path / "m", "tiny")
+    monkeypatch.setattr(resolve, "reachable", lambda *_: pytest.fail("must not probe the hub"))
+    with caplog.at_level("INFO", logger=resolve.log.name):
+        resolve.resolve(Settings(model_dir=dest), platform="cpu")
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING" and "reusing" in r.getMessage()]
+    assert f"rm -rf {dest}" in warning.getMessage() and "RANDOM-WEIGHT stand-in" in warning.getMessage()
+    caplog.clear()
+    with caplog.at_level("INFO", logger=resolve.log.name):  # asked for the stand-in: nothing to warn about
+        resolve.resolve(Settings(model_dir=dest, model_source="stand-in"), platform="cpu")
+    assert not [r for r in caplog.records if "reusing" in r.getMessage()]
+
+
 def test_fetch_model_copies_a_local_checkpoint_into_its_destination(tmp_path):
     from palmyra_serve.cli import main
 

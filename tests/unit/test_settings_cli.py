@@ -22,6 +22,16 @@ def test_env_prefix_and_defaults(monkeypatch):
     assert s.dtype == "bfloat16" and s.max_model_len == 8192
 
 
+def test_an_empty_variable_is_unset(monkeypatch):
+    # Compose hands every setting over as ${PALMYRA_X:-}: one the env file leaves out arrives empty
+    # and must mean "the default", not a parse error or an empty value.
+    for name in ("MAX_MODEL_LEN", "ALLOW_STAND_IN", "ADMISSION_MAX_LIMIT", "API_KEYS", "ENFORCE_EAGER", "PLATFORM"):
+        monkeypatch.setenv(f"PALMYRA_{name}", "")
+    s = Settings()
+    assert s.max_model_len == 8192 and s.allow_stand_in is None and s.admission_max_limit is None
+    assert s.api_keys == [] and s.enforce_eager is False and s.platform == "auto"
+
+
 def test_flags_override_environment(monkeypatch):
     monkeypatch.setenv("PALMYRA_PORT", "9999")
     monkeypatch.setenv("PALMYRA_HOST", "10.0.0.1")
@@ -62,3 +72,26 @@ def test_every_subcommand_has_help(sub):
     assert "usage: palmyra-serve " + sub in out.stdout
     if sub in ("engine", "sidecar"):
         assert "--host" in out.stdout and "--port" in out.stdout
+
+
+def test_every_command_says_what_it_does_with_examples_and_names_each_flags_variable():
+    import argparse
+
+    parser = build_parser()
+    assert parser.description and "palmyra-mini" in parser.description and "thin subcommand" not in parser.description
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == set(SUBCOMMANDS) | {"doctor"}
+    for name, command in sub.choices.items():
+        assert command.description and len(command.description.split()) >= 8, name
+        assert (
+            command.epilog and command.epilog.startswith("examples:\n  ") and f"palmyra-serve {name}" in command.epilog
+        ), name
+        if name in ("validate", "bench"):  # clients of an endpoint: their flags are not settings
+            continue
+        for action in command._actions:
+            if action.dest not in Settings.model_fields:
+                continue
+            variable = f"PALMYRA_{action.dest.upper()}"
+            assert action.help and variable in action.help, (name, action.option_strings)
+            # More than the variable's name: what the flag does.
+            assert len(action.help.replace(variable, "").split()) >= 3, (name, action.option_strings, action.help)

@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import copy
 import json
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from palmyra_serve.tools import bench, report
+from palmyra_serve.tools.endpoint import api_key
 
 DELAY_S = 0.02  # every fake request takes this long whatever the concurrency: ideal scaling
 
@@ -121,6 +123,36 @@ def test_run_writes_seed_shaped_report_json_and_plots(tmp_path: Path, fake: Fake
     for png in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_without_matplotlib_everything_but_the_plots_is_written(
+    tmp_path: Path, fake: FakeEndpoint, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # The venv a plain install makes may lack the plotting library: a run of minutes must not end
+    # in a traceback; it writes the report and the JSON and says how to get the plots.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    monkeypatch.delitem(sys.modules, "palmyra_serve.tools.plots", raising=False)
+    assert bench.run(_args(tmp_path)) == 0
+    out = tmp_path / "out"
+    assert json.loads((out / "results.json").read_text())["errors"] == 0
+    assert "5.4 Throughput" in (out / "report.md").read_text()
+    assert not list(out.glob("*.png"))
+    err = capsys.readouterr().err
+    assert "matplotlib is not installed" in err and "pip install -e '.[tools]'" in err
+    assert f"wrote {out}/report.md, results.json\n" in err
+
+
+def test_the_key_comes_from_a_flag_a_file_or_the_environment(tmp_path: Path) -> None:
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    key_file = tmp_path / "key"
+    key_file.write_text("from-the-file\n")
+    env = {"PALMYRA_API_KEY": "palmyra-env", "OPENAI_API_KEY": "openai-env"}
+    assert api_key(p.parse_args(["--api-key", "flag"]), env) == "flag"
+    assert api_key(p.parse_args(["--api-key-file", str(key_file)]), env) == "from-the-file"
+    assert api_key(p.parse_args([]), env) == "palmyra-env"
+    assert api_key(p.parse_args([]), {"OPENAI_API_KEY": "openai-env"}) == "openai-env"
+    assert api_key(p.parse_args([]), {"PALMYRA_API_KEY": ""}) is None
 
 
 def test_failed_requests_are_counted_and_exit_one(tmp_path: Path, fake: FakeEndpoint) -> None:

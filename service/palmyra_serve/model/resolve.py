@@ -130,7 +130,17 @@ def resolve(
                 f"{dest} holds a RANDOM-WEIGHT stand-in, refused on {platform} "
                 f"(PALMYRA_ALLOW_STAND_IN=true allows it). Remove it and provide real weights. " + HOW_TO_PROVIDE
             )
-        log.info("weights already present at %s; not fetching", dest)
+        if stand_in.marker(dest) and settings.model_source == "auto":
+            # Real weights were wanted: say that this stays the stand-in until the directory goes.
+            log.warning(
+                "reusing the RANDOM-WEIGHT stand-in already in %s, not fetching %s; to start fresh "
+                "(real weights where the hub is reachable): rm -rf %s",
+                dest,
+                settings.model,
+                dest,
+            )
+        else:
+            log.info("weights already present at %s; not fetching (rm -rf %s to fetch them again)", dest, dest)
         _announce(dest)
         return dest
     if settings.model_source == "local":

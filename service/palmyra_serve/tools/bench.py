@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from palmyra_serve.tools.endpoint import add_key_arguments
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
@@ -40,7 +42,7 @@ def _ints(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8080", help="endpoint root (default %(default)s)")
     parser.add_argument("--model", default="palmyra-mini", help="served model name (default %(default)s)")
-    parser.add_argument("--api-key", default=None, help="bearer key, when the endpoint wants one")
+    add_key_arguments(parser)
     parser.add_argument(
         "--input-lengths",
         type=_ints,
@@ -104,24 +106,33 @@ def run(args: argparse.Namespace) -> int:
     return write(doc, args.out)
 
 
+PLOTS_MISSING = (
+    "no plots in {out}: matplotlib is not installed (everything else is written). For the plots, install "
+    "the tools' extra (pip install -e '.[tools]', or ./bootstrap.sh install, whose default includes it) "
+    "and run bench again"
+)
+
+
 def write(doc: dict, out: str | None) -> int:
     from palmyra_serve.tools import report
 
     md = report.bench_markdown(doc)
     print(md)
     if out:
-        from palmyra_serve.tools import plots
-
         out_dir = Path(out)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
         (out_dir / "report.md").write_text(md, encoding="utf-8")
-        plots.latency_vs_length(doc, out_dir / "latency_vs_length.png")
-        plots.throughput_vs_concurrency(doc, out_dir / "throughput_vs_concurrency.png")
-        print(
-            f"wrote {out_dir}/report.md, results.json, latency_vs_length.png, throughput_vs_concurrency.png",
-            file=sys.stderr,
-        )
+        written = ["report.md", "results.json"]
+        try:
+            from palmyra_serve.tools import plots
+
+            plots.latency_vs_length(doc, out_dir / "latency_vs_length.png")
+            plots.throughput_vs_concurrency(doc, out_dir / "throughput_vs_concurrency.png")
+            written += ["latency_vs_length.png", "throughput_vs_concurrency.png"]
+        except ImportError:  # the plots are the one part that needs matplotlib: the rest is written
+            print(PLOTS_MISSING.format(out=out_dir), file=sys.stderr)
+        print(f"wrote {out_dir}/{', '.join(written)}", file=sys.stderr)
     return 1 if doc["errors"] else 0
 
 
@@ -148,11 +159,11 @@ def make_client(args: argparse.Namespace, max_concurrency: int) -> httpx.AsyncCl
     """The AsyncClient of a run: one connection per stream (tests swap this for a MockTransport)."""
     import httpx
 
-    from palmyra_serve.tools.endpoint import headers
+    from palmyra_serve.tools.endpoint import api_key, headers
 
     limits = httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4)
     return httpx.AsyncClient(
-        base_url=args.base_url.rstrip("/"), headers=headers(args.api_key), timeout=args.timeout, limits=limits
+        base_url=args.base_url.rstrip("/"), headers=headers(api_key(args)), timeout=args.timeout, limits=limits
     )
 
 

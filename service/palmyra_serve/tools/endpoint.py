@@ -7,12 +7,43 @@ it just loses the exactness those buy (see docs/validate-and-bench.md).
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 TOKEN_ID_PREFIX = "token_id:"
+# Where the key comes from when no flag gives it: this project's name for a client's key, then the
+# OpenAI SDK's, so a shell set up for the SDK works as is.
+KEY_VARIABLES = ("PALMYRA_API_KEY", "OPENAI_API_KEY")
+
+
+def add_key_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding the bearer key the endpoint wants (its first line)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="the bearer key itself; other users of the machine can read a command line, so prefer "
+        f"--api-key-file or {' / '.join(KEY_VARIABLES)}, read (in that order) when neither flag is given",
+    )
+
+
+def api_key(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key to send: --api-key, else --api-key-file, else the first of KEY_VARIABLES set."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+        return lines[0].strip() if lines and lines[0].strip() else None
+    return next((environ[name] for name in KEY_VARIABLES if environ.get(name)), None)
 
 
 class EndpointError(RuntimeError):

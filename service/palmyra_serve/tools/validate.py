@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from palmyra_serve.tools.endpoint import add_key_arguments
+
 if TYPE_CHECKING:
     import httpx
 
@@ -29,7 +31,7 @@ DEFAULT_MODEL = "palmyra-mini"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default=DEFAULT_BASE_URL, help="endpoint root (default %(default)s)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default %(default)s)")
-    parser.add_argument("--api-key", default=None, help="bearer key, when the endpoint wants one")
+    add_key_arguments(parser)
     parser.add_argument(
         "--model-dir",
         default=None,
@@ -52,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _client(args: argparse.Namespace) -> httpx.Client:
     import httpx
 
-    from palmyra_serve.tools.endpoint import headers
+    from palmyra_serve.tools.endpoint import api_key, headers
 
-    return httpx.Client(base_url=args.base_url.rstrip("/"), headers=headers(args.api_key), timeout=args.timeout)
+    return httpx.Client(base_url=args.base_url.rstrip("/"), headers=headers(api_key(args)), timeout=args.timeout)
 
 
 def fetch_greedy(client: httpx.Client, model: str, ids: list[int], n: int) -> EndpointOutput:
