@@ -13,6 +13,7 @@ it survives. Sources of truth:
 - engine command: palmyra_serve.engine.launcher.build_command() with default settings, per platform
 - sidecar metrics: a fresh SidecarMetrics registry, walked with collect()
 - Compose's settings pass-through: the same Settings fields, less those docker-compose.yml fixes
+- the access log's keys: palmyra_serve.sidecar.relay.record.ACCESS_LOG_KEYS
 The engine (vllm:) metrics table in docs/metrics.md is hand-maintained; tests/static/test_docs.py
 checks it against the dashboards and alert rules.
 """
@@ -45,6 +46,7 @@ CONFIG_DOC = REPO / "docs" / "configuration.md"
 METRICS_DOC = REPO / "docs" / "metrics.md"
 DEPLOYMENT = REPO / "k8s" / "base" / "deployment.yaml"
 COMPOSE_FILE = REPO / "docker-compose.yml"
+API_DOC = REPO / "docs" / "api.md"
 BLOCK = re.compile(
     r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)", re.S
 )
@@ -376,6 +378,14 @@ def sidecar_memory() -> str:
     return memory_budget.markdown(Settings(), memory_budget.container_limit(deployment, "sidecar"))
 
 
+def access_log_table() -> str:
+    """The access log's keys, from the request record that renders them."""
+    from palmyra_serve.sidecar.relay.record import ACCESS_LOG_KEYS
+
+    rows = [f"| `{key}` | {cell(meaning)} |" for key, meaning in ACCESS_LOG_KEYS.items()]
+    return "\n".join(["| key | meaning |", "|---|---|", *rows]) + "\n"
+
+
 def compose_settings() -> str:
     """The YAML mapping of every setting Compose passes through, each from the variable of the same
     name, empty (the default, for Settings) when the env file and the shell leave it out."""
@@ -396,6 +406,7 @@ GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
     },
     METRICS_DOC: {"sidecar-metrics": metrics_table, "sidecar-buckets": buckets_table},
     COMPOSE_FILE: {"compose-settings": compose_settings},
+    API_DOC: {"access-log": access_log_table},
 }
 
 

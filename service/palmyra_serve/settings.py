@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     dtype: str = Field(
         "bfloat16", description="Engine dtype (bf16 everywhere: fp16 gives garbage for Qwen2.5 weights on Ascend)."
     )
-    max_model_len: int = Field(8192, description="Engine --max-model-len (the seed card's value).")
+    max_model_len: int = Field(8192, description="Engine --max-model-len (the reference adaptation's value).")
     gpu_memory_utilization: float = Field(0.85, description="Share of NPU/GPU memory vLLM may use (seed: 0.85).")
     tensor_parallel_size: int = Field(1, description="Engine --tensor-parallel-size.")
     enforce_eager: bool = Field(False, description="Skip graph capture / torch.compile (faster start, slower decode).")

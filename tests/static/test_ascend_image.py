@@ -59,6 +59,7 @@ MENTIONS = (
     "Dockerfile",
     "docker-compose.yml",
     "README.md",
+    "docs/ascend.md",
     "compose/README.md",
     "k8s/README.md",
     "docker/engine-entrypoint.sh",
@@ -206,7 +207,7 @@ def test_the_layer_overrides_no_env_of_upstreams_image() -> None:
 
 def test_sdists_are_the_tagged_sources_upstream_builds() -> None:
     # vllm-ascend's Dockerfile installs its git tag; the index's sdist is that source: it carries
-    # the very Dockerfiles vendored from the tag, and the pins DESIGN.md states.
+    # the very Dockerfiles vendored from the tag, and the pins they state.
     ascend = up.sdist_root("vllm-ascend", up.vllm_ascend_version())
     assert up.pkg_info(ascend)["Version"] == [up.vllm_ascend_version()]
     for name in up.VARIANTS:
@@ -613,7 +614,7 @@ def _entrypoint(root: Path, *command: str, **env: str) -> subprocess.CompletedPr
 def entrypoint_problems(layout: Path, scripts: list[str]) -> list[str]:
     """The project's entrypoint, run in a CANN layout holding `scripts`, against CANN's ENTRYPOINT:
     it must source exactly those, in that order, in the shell that then execs the command, and say
-    so in the lines the README quotes."""
+    so in the lines the Ascend page's first-hour checklist quotes."""
     layout.mkdir(parents=True, exist_ok=True)
     log = _cann_layout(layout, scripts)
     run = _entrypoint(layout, "sh", "-c", "echo exec-pid $$")
@@ -627,10 +628,10 @@ def entrypoint_problems(layout: Path, scripts: list[str]) -> list[str]:
     # Sourced in the entrypoint's own shell, which then exec'd the command (same pid).
     if {line.split()[1] for line in lines} != {run.stdout.split()[1]}:
         problems.append("not sourced in the shell that execs the command")
-    # The README's first-hour checklist tells the operator to expect exactly these lines.
+    # The first-hour checklist (docs/ascend.md) tells the operator to expect exactly these lines.
     said = [line.replace(str(layout), "/usr/local/Ascend") for line in run.stderr.splitlines() if " sourced " in line]
-    if len(said) != len(scripts) or not all(f"`{line}`" in readme_text() for line in said):
-        problems.append(f"the README does not quote what the entrypoint says: {said}")
+    if len(said) != len(scripts) or not all(f"`{line}`" in first_hour_text() for line in said):
+        problems.append(f"docs/ascend.md does not quote what the entrypoint says: {said}")
     return problems
 
 
@@ -639,11 +640,12 @@ def test_entrypoint_sources_every_script_the_cann_entrypoint_sources(tmp_path: P
     assert entrypoint_problems(tmp_path, SCRIPTS) == []
 
 
-def readme_text() -> str:
-    return " ".join((REPO / "README.md").read_text().split())
+def first_hour_text() -> str:
+    """The first-hour checklist's page, whitespace folded."""
+    return " ".join((REPO / "docs" / "ascend.md").read_text().split())
 
 
-def test_readme_quotes_the_launchers_start_line(
+def test_the_first_hour_checklist_quotes_the_launchers_start_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from palmyra_serve.engine import launcher
@@ -652,7 +654,7 @@ def test_readme_quotes_the_launchers_start_line(
     caplog.set_level("INFO", logger=launcher.log.name)
     launcher.run(launcher.EngineCommand(argv=["vllm"], platform="ascend"))
     (start,) = [r.getMessage() for r in caplog.records if r.getMessage().endswith(": vllm")]
-    assert f"`{start.removesuffix('vllm')}...`" in readme_text(), start
+    assert f"`{start.removesuffix('vllm')}...`" in first_hour_text(), start
 
 
 @pytest.mark.parametrize("dropped", range(len(SCRIPTS)))
@@ -844,10 +846,10 @@ def test_check_base_unmoved_catches_a_moved_an_undeclared_and_a_broken_package(t
     _fake_dist(site, "declared-addition", "2.0")
     ok = check("compare", "base.json", str(reqs))
     assert ok.returncode == 0 and "base unmoved, pip check clean: True" in ok.stdout, ok.stderr
-    # The README's first-hour checklist quotes this line (with the image's additions).
+    # The first-hour checklist quotes this line (with the image's additions).
     line = next(x for x in ok.stdout.splitlines() if " added " in x)
     head, tail = line.split(" declared-addition==2.0")
-    assert f"`{head} orjson==…, palmyra-serve==…, pydantic-settings==…{tail}`" in readme_text(), line
+    assert f"`{head} orjson==…, palmyra-serve==…, pydantic-settings==…{tail}`" in first_hour_text(), line
     # Moved: the base's package changed version.
     shutil.rmtree(site / "upstream_pinned-1.0.dist-info")
     _fake_dist(site, "upstream-pinned", "1.1")

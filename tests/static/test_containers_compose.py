@@ -1,5 +1,5 @@
 """docker-compose.yml and compose/*: the real linters, the Compose spec schema, then the file
-parsed with PyYAML and held against DESIGN.md's Ascend facts, the sidecar's HTTP surface, the
+parsed with PyYAML and held against vllm-ascend's own `docker run`, the sidecar's HTTP surface, the
 Dockerfile (same command, paths and env names) and the Prometheus scrape targets; the network
 layout (engine on the loopback of a namespace only the sidecar shares) also as podman-compose
 itself merges and resolves it.

@@ -161,7 +161,9 @@ PALMYRA_VAR = re.compile(r"\bPALMYRA_[A-Z0-9_]*[A-Z0-9]\b")
 
 
 def files_mentioning_variables() -> list[Path]:
-    files = [*markdown_files(), REPO / "docker-compose.yml", REPO / "Dockerfile"]
+    # Not CHANGELOG.md: history names the variables it renamed or removed.
+    files = [f for f in markdown_files() if f.name != "CHANGELOG.md"]
+    files += [REPO / "docker-compose.yml", REPO / "Dockerfile"]
     files += sorted((REPO / "k8s").rglob("*.yaml")) + sorted((REPO / "compose").glob("*.env"))
     files += sorted((REPO / "compose").glob("*.yml"))
     return [f for f in files if f.is_file()]
@@ -268,3 +270,47 @@ def test_link_check_catches_a_missing_file_and_a_missing_anchor():
         "#elsewhere: no heading with anchor #elsewhere in docs/link-check-probe.md",
         "../../outside.md: outside the repository",
     ]
+
+
+# --- the docs speak of the product ------------------------------------------------------------
+
+# How the project is developed is not the product: no tracker numbers of this project, no words
+# about sessions or runs of its development, no notes the repository does not ship. (Upstream
+# projects' issues are cited by their repository and number, e.g. "vllm-ascend #2698": allowed.)
+DEVELOPMENT_TALK = re.compile(
+    r"\bissue \d+\b|\b(?:last|this|previous|next) session\b|\bthis (?:stop|sprint)\b|DESIGN\.md|\bseed card\b",
+    re.I,
+)
+# Where a reader meets the product: its docs, and the comments of its code, manifests and scripts.
+SPOKEN = ("README.md", "CONTRIBUTING.md", "docs", "compose", "k8s", "monitoring", "service", "docker", "scripts")
+SPOKEN_FILES = ("docker-compose.yml", "Dockerfile", "bootstrap.sh", "test.sh", ".env")
+
+
+def product_files() -> list[Path]:
+    found = [REPO / name for name in SPOKEN_FILES]
+    for name in SPOKEN:
+        path = REPO / name
+        found += [path] if path.is_file() else [p for p in sorted(path.rglob("*")) if p.is_file()]
+    return [p for p in found if p.suffix not in (".png", ".json") and "__pycache__" not in p.parts]
+
+
+def development_talk(paths: list[Path]) -> list[str]:
+    return [
+        f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{number}: {line.strip()}"
+        for path in paths
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if DEVELOPMENT_TALK.search(line)
+    ]
+
+
+def test_the_docs_and_comments_speak_of_the_product_not_of_its_development() -> None:
+    files = product_files()
+    assert len(files) > 100 and REPO / "README.md" in files
+    assert development_talk(files) == []
+
+
+def test_development_talk_is_found(tmp_path: Path) -> None:
+    for line in ("as issue 3 asked", "measured in the last session", "see DESIGN.md", "the seed card's value"):
+        page = tmp_path / "page.md"
+        page.write_text(f"text\n{line}\n")
+        assert development_talk([page]) == [f"{page}:2: {line}"]

@@ -33,7 +33,7 @@ from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-READMES = [REPO / "README.md"]
+READMES = [REPO / "README.md", REPO / "docs" / "api.md", REPO / "docs" / "ascend.md", REPO / "compose" / "README.md"]
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 CHECKED = ("palmyra-serve", "./bootstrap.sh", "./test.sh", "curl", "docker", "kubectl", "podman")

@@ -1,8 +1,8 @@
 """Kubernetes manifests (k8s/): every overlay renders with plain `kubectl kustomize` (no
 load-restrictor flag, so `kubectl apply -k` and GitOps tools work), validates against the
 Kubernetes schemas (built-in kinds) and the published CRDs (KEDA, Prometheus operator; vendored in
-tests/data/schemas/crds), passes yamllint, and the rendered pod spec says what DESIGN.md's health
-and shutdown semantics need.
+tests/data/schemas/crds), passes yamllint, and the rendered pod spec says what the health
+and shutdown semantics of k8s/README.md need.
 
 Monitoring and autoscaling objects are checked in test_k8s_monitoring.py, which reuses render().
 """
@@ -531,7 +531,7 @@ def test_spread_and_disruption_budget(overlay):
     assert "replicas" not in one(objects, "Deployment")["spec"]  # the autoscaler owns it
 
 
-# --- the engine is reachable only by its own sidecar (DESIGN.md "Health semantics") ---------
+# --- the engine is reachable only by its own sidecar ------------------------------------------
 
 # What the pod may reach: name resolution, and HTTPS for fetch-model's download.
 DNS_EGRESS = {(53, "UDP"), (53, "TCP")}

@@ -1,4 +1,4 @@
-"""bench/validate statistics: percentiles match numpy's linear interpolation, scaling as the seed card."""
+"""bench/validate statistics: percentiles match numpy's linear interpolation, scaling as the reference adaptation."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_summarize_fields() -> None:
 
 
 def test_scaling_reproduces_the_seed_cards_numbers() -> None:
-    # 14.05x from 1 to 16 streams is 87.8% efficiency (the seed card's 5.4).
+    # 14.05x from 1 to 16 streams is 87.8% efficiency (the reference adaptation's 5.4).
     out = stats.scaling({1: 100.0, 16: 1405.0})
     assert out[1] == {"speedup": 1.0, "efficiency": 1.0}
     assert out[16]["speedup"] == pytest.approx(14.05)

@@ -78,7 +78,7 @@ def check_driver(host: HostView, want: Wanted) -> Finding:
                 "stop",
                 "no Ascend driver here: no /usr/local/Ascend/driver/version.info, no /dev/davinci*, no npu-smi",
                 "install the Ascend driver (HDK) on the host and pass its devices and files to the engine "
-                '(README.md, "The first hour on a real 910B"); or, on a host without an NPU, run the CPU engine: '
+                "(docs/ascend.md, 'The first hour on a real 910B'); or, on a host without an NPU, run the CPU engine: "
                 "`docker compose --env-file compose/cpu.env up -d` with Compose, PALMYRA_PLATFORM=cpu elsewhere",
             )
         return Finding(name, "info", "not an Ascend host (no driver, no /dev/davinci*, no npu-smi): nothing to check")

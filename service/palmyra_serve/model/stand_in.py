@@ -1,6 +1,6 @@
 """The stand-in checkpoint: palmyra-mini's exact architecture and tokenizer with seeded random bf16 weights.
 
-For machines that cannot download the real weights (and for tests). The seed card's own accuracy
+For machines that cannot download the real weights (and for tests). the reference adaptation's own accuracy
 study used random-initialized weights of this shape. Every tensor is drawn from its own generator,
 seeded from (seed, tensor name), so a checkpoint is reproducible bit for bit and independent of
 iteration order. Biases are random too (not zero), so a loader that dropped them would show.

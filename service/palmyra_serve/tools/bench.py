@@ -1,6 +1,6 @@
 """`palmyra-serve bench`: is the endpoint as fast as it should be?
 
-The seed card's performance tables against any OpenAI-compatible endpoint: 5.1 prefill latency and
+the reference adaptation's performance tables against any OpenAI-compatible endpoint: 5.1 prefill latency and
 5.3 TTFT by input length, 5.2 decode latency per token, 5.4 throughput vs concurrency with speed-up
 and efficiency against the ideal. Prompts are seeded random token ids (exact lengths, never a
 prefix-cache hit), `ignore_eos` fixes the output length. Writes report.md, results.json and two

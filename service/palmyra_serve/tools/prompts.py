@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-# Five lengths and kinds of content, as in the seed card's accuracy study (which used "What is 2+2?").
+# Five lengths and kinds of content, as in the reference adaptation's accuracy study (which used "What is 2+2?").
 VALIDATE_PROMPTS: list[tuple[str, str]] = [
     ("arithmetic", "What is 2+2?"),
     ("completion", "The capital of France is"),

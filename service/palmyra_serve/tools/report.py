@@ -1,10 +1,10 @@
-"""Markdown for validate and bench, shaped like the seed card's tables, and `bench --compare`."""
+"""Markdown for validate and bench, shaped like the reference adaptation's tables, and `bench --compare`."""
 
 from __future__ import annotations
 
 import math
 
-SEED_SCALING = "seed card (Ascend 910B x 1, bf16): 14.05x from 1 to 16 streams, 87.8% efficiency"
+SEED_SCALING = "reference adaptation (Ascend 910B x 1, bf16): 14.05x from 1 to 16 streams, 87.8% efficiency"
 
 
 def _cell(text: str, width: int = 36) -> str:
@@ -44,7 +44,7 @@ def validate_markdown(doc: dict) -> str:
         lines += [
             f"> Weights: **random-weight stand-in** (size `{si.get('size')}`, seed {si.get('seed')}). "
             "Its logits are nearly uniform, so tiny numeric differences flip near-ties and the paths "
-            "then part (the seed card's 'What is 2+2?' case); `near-tie divergence` is expected there, "
+            "then part (the reference adaptation's 'What is 2+2?' case); `near-tie divergence` is expected there, "
             "only `suspicious` indicates a fault.",
             "",
         ]

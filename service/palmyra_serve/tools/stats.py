@@ -40,7 +40,7 @@ def summarize(values: Sequence[float]) -> dict[str, float | int]:
 def scaling(throughput_by_concurrency: dict[int, float]) -> dict[int, dict[str, float]]:
     """Speed-up against one stream and efficiency against the ideal (speed-up == concurrency).
 
-    The seed card's 14.05x at 16 streams is 14.05 / 16 = 87.8% efficiency. Without a measurement
+    the reference adaptation's 14.05x at 16 streams is 14.05 / 16 = 87.8% efficiency. Without a measurement
     at concurrency 1 the lowest measured concurrency is the base, scaled as if it were ideal.
     """
     if not throughput_by_concurrency:

@@ -2,9 +2,9 @@
 
 Greedy tokens from the endpoint (/v1/completions, prompt sent as token ids, temperature 0,
 top-5 logprobs) are compared position by position with the same checkpoint run by Transformers in
-fp32 on CPU. The seed card's accuracy table (first-token agreement, 20-token match rate) plus, at
+fp32 on CPU. the reference adaptation's accuracy table (first-token agreement, 20-token match rate) plus, at
 the first divergence, the margins on both sides and a verdict that tells rounding-level near-ties
-from real faults (see accuracy.py). `--quick` is the seed's `validate_ascend.py`: does the endpoint
+from real faults (see accuracy.py). `--quick` is the reference adaptation's `validate_ascend.py`: does the endpoint
 load and generate at all.
 """
 

@@ -5,19 +5,37 @@ admission learns from `gap_to_learn()` (the engine's pace, or nothing), and the 
 `log_fields()`, the record's one rendering. Nothing reads the log back: times stay in seconds here
 and become rounded milliseconds only in the rendering.
 
-Access-log keys, each present only when it applies (its field is set): `request_id`, `method`,
-`path`, `route`, `status`, `duration_ms` always; `queue_ms` (waited for an admission slot),
-`ttft_ms` (first byte relayed), `itl_ms` (a generation's mean gap per token), `client_paced` (that
-gap was the client's reading pace), `completion_tokens`, `prompt_tokens`, `error` (the code of the
-sidecar's own answer), `upstream_error` and `upstream_detail` (a failure talking to the engine),
-`truncated` (a body cut short), `engine_error_event` (the engine's own error event in a stream),
-`client_disconnected` (the client left first; status 499).
+The access log's keys and what each means: ACCESS_LOG_KEYS below (docs/api.md is generated from it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+# Every key log_fields() writes, each present only when it applies, in the order written. Around
+# them each line carries the keys of every log line: ts, level, logger ("palmyra.access"), msg.
+ACCESS_LOG_KEYS: dict[str, str] = {
+    "request_id": "the request's id: the client's X-Request-Id, or one made for it; sent back in X-Request-Id",
+    "method": "HTTP method",
+    "path": "the path as the client sent it, without the query",
+    "route": "the allow-listed route it matched (`other` for none): the metrics' `route` label",
+    "queue_ms": "time waited for an admission slot",
+    "upstream_error": "a failure talking to the engine, as its error code (`engine_unavailable`, `engine_timeout`, "
+    "`stream_interrupted`, `bad_upstream`)",
+    "upstream_detail": "what that failure was, in a few words",
+    "ttft_ms": "time to the first byte of the engine's answer relayed to the client",
+    "itl_ms": "a generation's mean gap per token, streamed or not",
+    "client_paced": "that gap was set by the client's reading, not by the engine",
+    "engine_error_event": "the engine ended the stream with an error event of its own",
+    "completion_tokens": "tokens generated, as the engine counted them",
+    "prompt_tokens": "prompt tokens, as the engine counted them",
+    "truncated": "the answer was cut short: the engine failed after its status line was sent",
+    "error": "the code of the sidecar's own error answer (the metrics' `reason` and error codes)",
+    "client_disconnected": "the client left before the answer ended (status 499)",
+    "status": "the HTTP status sent, or 499 for a client that left",
+    "duration_ms": "from the request's head, read, to its answer's end",
+}
 
 
 @dataclass(slots=True)
