@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,11 +39,23 @@ HPA_TOLERANCE = 0.1  # kube-controller-manager's default --horizontal-pod-autosc
 local_prometheus = load_module("palmyra_local_prometheus_autoscaling", REPO / "monitoring" / "local_prometheus.py")
 
 
+@functools.cache
 def rendered_scaledobject() -> dict:
-    """The ScaledObject as a cluster receives it: an overlay that ships KEDA, rendered by kubectl."""
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "nvidia")], capture_output=True, text=True, check=True
-    ).stdout
+    """The ScaledObject as a cluster receives it: an overlay with the KEDA component added, as an
+    operator's own overlay adds it, rendered by kubectl."""
+    with tempfile.TemporaryDirectory(prefix="palmyra-keda-") as tmp:
+        k8s = os.path.relpath(REPO / "k8s", tmp)
+        (Path(tmp) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [f"{k8s}/overlays/nvidia"],
+                    "components": [f"{k8s}/components/autoscaling-keda"],
+                }
+            )
+        )
+        out = subprocess.run(["kubectl", "kustomize", tmp], capture_output=True, text=True, check=True).stdout
     [scaled] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ScaledObject"]
     return scaled
 

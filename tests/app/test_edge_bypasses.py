@@ -366,15 +366,23 @@ def test_an_anonymous_reader_cannot_hold_a_connection_by_reading_a_little_at_a_t
 # --- /engine/metrics -----------------------------------------------------------------------------
 
 
-def age_at_first_byte(url: str, out: list) -> None:
-    """GET /engine/metrics; the age of the page when its first bytes arrived, its status and size."""
-    with httpx.Client(timeout=60) as c, c.stream("GET", f"{url}/engine/metrics") as resp:
-        age, size = None, 0
-        for chunk in resp.iter_raw():
-            if age is None:
-                first = chunk.split(b"\n", 1)[0].split()
-                age = time.time() - float(first[1]) if first and first[0] == b"fake_rendered_at_seconds" else None
-            size += len(chunk)
+def age_at_first_byte(url: str, out: list, cut: list | None = None) -> None:
+    """GET /engine/metrics; the age of the page when its first bytes arrived, its status and size.
+    A response the sidecar ends early goes to `cut` (when given) as the bytes read."""
+    size = 0
+    try:
+        with httpx.Client(timeout=60) as c, c.stream("GET", f"{url}/engine/metrics") as resp:
+            age = None
+            for chunk in resp.iter_raw():
+                if age is None:
+                    first = chunk.split(b"\n", 1)[0].split()
+                    age = time.time() - float(first[1]) if first and first[0] == b"fake_rendered_at_seconds" else None
+                size += len(chunk)
+    except httpx.RemoteProtocolError:
+        if cut is None:
+            raise
+        cut.append(size)
+        return
     out.append((resp.status_code, size, age))
 
 
@@ -391,9 +399,10 @@ def test_engine_metrics_cost_one_render_per_interval_whatever_the_request_rate(e
     with sidecar_factory(engine.url, PALMYRA_WRITE_TIMEOUT_S="60") as sc:
         before = renders(client, engine)
         results: list = []
+        cut: list = []
         with RssPeak(sc.proc.pid) as rss:
             t0 = time.monotonic()
-            threads = [threading.Thread(target=age_at_first_byte, args=(sc.url, results)) for _ in range(40)]
+            threads = [threading.Thread(target=age_at_first_byte, args=(sc.url, results, cut)) for _ in range(40)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -402,11 +411,18 @@ def test_engine_metrics_cost_one_render_per_interval_whatever_the_request_rate(e
         burst_renders = renders(client, engine) - before
         ages = [age for _, _, age in results]
         print(
-            f"40 concurrent GETs of a {size / 1e6:.1f} MB page: {len(results)} answered in {took:.2f} s, "
+            f"40 concurrent GETs of a {size / 1e6:.1f} MB page: {len(results)} answered ({len(cut)} cut as too slow) "
+            f"in {took:.2f} s, "
             f"{burst_renders} engine renders; peak RSS growth {rss.growth_mb:.1f} MB, {rss.cpu_s:.2f} s CPU; "
             f"page age at first byte max {max(ages):.3f} s"
         )
-        assert len(results) == 40
+        # Every reader got the whole page, but one the sidecar let go on purpose: a response still
+        # writing the copy before the current one when the next fetch lands is cut (a reader that
+        # slow is no scraper: upstream/metrics_page.py). That takes two page changes during the
+        # burst; on a starved machine forty 15.6 MB readers in one process can be that slow.
+        assert len(results) + len(cut) == 40
+        assert not cut or burst_renders >= 2, (cut, burst_renders)
+        assert len(results) >= 20, f"{len(cut)} of 40 readers cut"
         assert all(status == 200 and size - 200 < n <= size for status, n, _ in results), results[:3]
         assert burst_renders <= took / MAX_AGE_S + 1  # it was one per request
         # The copies the budget counts (sidecar/memory_budget.py) and the allocator's slack; the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,8 +140,13 @@ def config_data(objects: list[dict]) -> dict:
     return maps[0]["data"]
 
 
-# Every overlay plus the opt-in components on the CPU overlay (no overlay ships them together).
-TARGETS = [(name, ()) for name in OVERLAYS] + [
+# The opt-in components whose kinds need CRDs: the Prometheus operator's and KEDA's.
+OPT_IN = ("monitoring", "components/autoscaling-keda")
+# API groups every cluster has: an overlay alone uses only these.
+CORE_API_GROUPS = {"v1", "apps", "policy", "autoscaling", "networking.k8s.io"}
+
+# Every overlay, alone and with the CRD-backed opt-ins, plus the other components on the CPU overlay.
+TARGETS = [(name, ()) for name in OVERLAYS] + [(name, OPT_IN) for name in OVERLAYS if name != "cpu"] + [
     ("cpu", ("components/shared-model-volume",)),
     ("cpu", ("components/autoscaling-keda",)),
     ("cpu", ("components/shared-model-volume", "components/no-download-egress")),
@@ -689,3 +695,50 @@ def test_readme_documents_the_load_restrictor_flag():
     assert " ".join(KUSTOMIZE) in readme
     for overlay in OVERLAYS:
         assert f"k8s/overlays/{overlay}" in readme
+
+
+# --- an operator's own overlay on this repository as a remote base --------------------------------
+
+EXAMPLES = K8S / "examples"
+# How the examples name this repository: a kustomize remote URL to a directory under k8s/.
+REMOTE = re.compile(r"https://github\.com/[\w.-]+/palmyra-serve//(k8s/[^?\s]+)\?ref=[\w.-]+")
+
+
+def render_example(name: str) -> list[dict]:
+    """The example as kustomize renders it, its remote URLs replaced by this checkout's directories
+    (nothing remote can be fetched here; kustomize takes relative paths only)."""
+    _kubectl()
+    with tempfile.TemporaryDirectory(prefix="palmyra-example-") as tmp:
+        copy_dir = Path(tmp) / name
+        shutil.copytree(EXAMPLES / name, copy_dir)
+        text = (copy_dir / "kustomization.yaml").read_text(encoding="utf-8")
+        local = REMOTE.sub(lambda m: os.path.relpath(REPO / m.group(1), copy_dir), text)
+        (copy_dir / "kustomization.yaml").write_text(local, encoding="utf-8")
+        return copy.deepcopy(list(_kustomize(copy_dir)))
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in EXAMPLES.glob("*/kustomization.yaml")))
+def test_an_example_overlay_customises_the_remote_base_without_editing_it(name, crd_validators):
+    kustomization = yaml.safe_load((EXAMPLES / name / "kustomization.yaml").read_text(encoding="utf-8"))
+    # Everything of this repository comes from the remote URL: no path into the checkout.
+    for entry in kustomization.get("resources", []) + kustomization.get("components", []):
+        assert REMOTE.fullmatch(entry), f"{entry}: not this repository as a remote base"
+    objects = render_example(name)
+    assert_valid(objects, crd_validators)
+    spec = pod_spec(objects)
+    # Its own images, HwHiAiUser's ids and Prometheus, none of them the repository's defaults.
+    for c in spec["containers"] + spec.get("initContainers", []):
+        assert c["image"].startswith("registry.example.com/"), c["image"]
+    context = spec["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (1001, 1001, 1001)
+    assert context["supplementalGroups"] == [1001]
+    scaled = one(objects, "ScaledObject")
+    assert scaled["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prometheus-k8s.monitoring.svc:9090"
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= {o["kind"] for o in objects}
+
+
+def test_the_remote_base_substitution_is_what_is_rendered() -> None:
+    text = (EXAMPLES / "ascend-mindcluster" / "kustomization.yaml").read_text(encoding="utf-8")
+    assert len(REMOTE.findall(text)) == 3
+    assert REMOTE.sub("", text).count("palmyra-serve//") == 0  # no URL the substitution would miss

@@ -14,12 +14,26 @@ import pytest
 import yaml
 
 from tests.helpers.modules import load_module
-from tests.static.test_k8s import K8S, OVERLAYS, REPO, TARGET_IDS, TARGETS, one, pod_spec, render, sidecar_listens
+from tests.static.test_k8s import (
+    CORE_API_GROUPS,
+    K8S,
+    OPT_IN,
+    OVERLAYS,
+    REPO,
+    TARGET_IDS,
+    TARGETS,
+    one,
+    pod_spec,
+    render,
+    sidecar_listens,
+)
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
 K8S_DASHBOARDS = K8S / "monitoring" / "dashboards"
-MONITORED = [name for name in OVERLAYS if name != "cpu"]  # overlays that ship the monitoring component
+# The accelerator overlays, each with the opt-in monitoring and KEDA components on top (as
+# k8s/README.md and k8s/examples apply them).
+MONITORED = [name for name in OVERLAYS if name != "cpu"]
 JOB_MATCHER = re.compile(r'job=~"([^"]+)"')
 LABEL_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
@@ -51,7 +65,7 @@ def test_committed_prometheusrule_is_what_the_generator_writes_now():
 
 @pytest.mark.parametrize("overlay", MONITORED)
 def test_rendered_prometheusrule_groups_equal_the_rules_file(overlay):
-    rendered = one(render(overlay), "PrometheusRule")["spec"]["groups"]
+    rendered = one(render(overlay, OPT_IN), "PrometheusRule")["spec"]["groups"]
     expected = _rules()["groups"]
     assert [g["name"] for g in rendered] == [g["name"] for g in expected]
     for got, want in zip(rendered, expected, strict=True):
@@ -114,7 +128,7 @@ def test_dashboard_generator_check_mode_detects_a_stale_k8s_copy(tmp_path, monke
 def test_dashboard_configmaps_carry_the_compose_json(overlay):
     maps = [
         o
-        for o in render(overlay)
+        for o in render(overlay, OPT_IN)
         if o["kind"] == "ConfigMap" and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
     ]
     rendered = {key: json.loads(text) for m in maps for key, text in m["data"].items()}
@@ -225,12 +239,12 @@ def _keda_query(objects: list[dict]) -> str | None:
 
 @pytest.mark.parametrize("overlay", MONITORED)
 def test_monitors_scrape_the_sidecar_port_under_the_jobs_the_rules_expect(overlay):
-    objects = render(overlay)
+    objects = render(overlay, OPT_IN)
     assert_monitors_scrape_through_the_sidecar(objects, _rules(), _keda_query(objects))
 
 
 def test_monitor_check_can_fail():
-    good = render("ascend-cce")
+    good = render("ascend-cce", OPT_IN)
     rules = _rules()
     assert_monitors_scrape_through_the_sidecar(good, rules, _keda_query(good))
 
@@ -292,15 +306,12 @@ def test_exactly_one_autoscaler_scales_on_the_sidecars_demand(overlay, component
         assert metric["external"]["metric"]["name"] == "palmyra_replica_demand"
 
 
-def test_overlays_with_monitoring_also_autoscale_with_keda():
+def test_every_overlay_applies_with_core_apis_alone_and_the_opt_ins_add_their_kinds():
+    # A cluster with nothing but Kubernetes' own APIs takes every overlay; monitoring and KEDA are
+    # components an operator adds where their CRDs are installed.
+    for overlay in OVERLAYS:
+        groups = {o["apiVersion"].rpartition("/")[0] or "v1" for o in render(overlay)}
+        assert groups <= CORE_API_GROUPS, (overlay, groups - CORE_API_GROUPS)
     for overlay in MONITORED:
-        kinds = {o["kind"] for o in render(overlay)}
+        kinds = {o["kind"] for o in render(overlay, OPT_IN)}
         assert {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds, overlay
-    # The CPU overlay stays on built-in kinds, so it applies to a bare kind/minikube cluster.
-    assert {o["apiVersion"].split("/")[0] for o in render("cpu")} <= {
-        "v1",
-        "apps",
-        "policy",
-        "autoscaling",
-        "networking.k8s.io",
-    }
