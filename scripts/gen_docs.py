@@ -255,7 +255,7 @@ def engine_commands() -> str:
             out += [
                 f"**{platform}**" + (f" (environment: `{env}`)" if env else "") + ":",
                 "",
-                "```",
+                "```text",
                 " \\\n    ".join(" ".join(pair) for pair in _pairs(argv)),
                 "```",
                 "",

@@ -25,6 +25,7 @@ import yaml
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.variables import NON_SETTINGS
+from tests.helpers import doc_blocks
 from tests.helpers.markdown import github_slug
 from tests.helpers.modules import load_module
 
@@ -314,3 +315,27 @@ def test_development_talk_is_found(tmp_path: Path) -> None:
         page = tmp_path / "page.md"
         page.write_text(f"text\n{line}\n")
         assert development_talk([page]) == [f"{page}:2: {line}"]
+
+
+# --- every command block is covered -----------------------------------------------------------
+
+
+def test_every_command_block_has_its_coverage_and_the_inventory_is_current() -> None:
+    found = doc_blocks.command_blocks()
+    assert len(found) > 20 and {b.kind for b in found} <= set(doc_blocks.COVERAGE)
+    assert doc_blocks.main(["--check"]) == 0, "python -m tests.helpers.doc_blocks"
+    # The blocks run as written exist: the engine tier's test finds them through the same markers.
+    assert sum(b.kind == "run" for b in found) >= 5
+
+
+def test_a_new_block_without_its_coverage_fails(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("Run this:\n\n```sh\ncurl -s http://127.0.0.1:8080/ready\n```\n\n```\nno language\n```\n")
+    found = doc_blocks.blocks(page)
+    assert [b.kind for b in found] == [None, None]
+    kinds = sorted(doc_blocks.COVERAGE)
+    assert doc_blocks.problems(found) == [f"{page}:3: a sh block needs a marker <!-- doc-test: one of {kinds} -->"]
+    assert doc_blocks.unlabelled([page]) == [f"{page}:7: a block without a language (sh, python, text, ...)"]
+    page.write_text("<!-- doc-test: needs a cluster -->\n  ```sh\n  kubectl get pods\n  ```\n")
+    (block,) = doc_blocks.blocks(page)
+    assert (block.kind, block.text) == ("needs a cluster", "kubectl get pods") and doc_blocks.problems([block]) == []

@@ -31,9 +31,10 @@ import yaml
 from palmyra_serve import SERVED_MODEL_NAME
 from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
+from tests.helpers import doc_blocks
 
 REPO = Path(__file__).resolve().parents[2]
-READMES = [REPO / "README.md", REPO / "docs" / "api.md", REPO / "docs" / "ascend.md", REPO / "compose" / "README.md"]
+READMES = doc_blocks.doc_files()  # every page a reader follows
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 CHECKED = ("palmyra-serve", "./bootstrap.sh", "./test.sh", "curl", "docker", "kubectl", "podman")
@@ -282,7 +283,26 @@ class Checker:
             return self.compose_args(argv[2:])
         if argv[1:2] == ["build"]:
             return self.build_args(argv[2:])
-        return [f"docker {argv[1:2]}: only `docker compose` and `docker build` are documented"]
+        if argv[1:2] == ["run"]:
+            return self.run_args(argv[2:])
+        return [f"docker {argv[1:2]}: only `docker compose`, `docker build` and `docker run` are documented"]
+
+    def run_args(self, args: list[str]) -> list[str]:
+        """`docker run [options] IMAGE ARGS`: one of this project's images; with palmyra-serve as the
+        entrypoint, its arguments parse as the CLI's."""
+        i, entrypoint = 0, None
+        while i < len(args) and args[i].startswith("-"):
+            opt, _, inline = args[i].partition("=")
+            takes_value = opt in ("-v", "--volume", "-e", "--env", "--entrypoint", "--group-add", "--name", "-p")
+            if opt == "--entrypoint":
+                entrypoint = inline or args[i + 1]
+            i += 1 if inline or not takes_value else 2
+        if i >= len(args):
+            return ["docker run: no image"]
+        image, rest = args[i], args[i + 1 :]
+        if image.split(":")[0] not in ("palmyra-serve-engine", "palmyra-serve-sidecar"):
+            return [f"docker run: {image} is not one of this project's images"]
+        return self.palmyra_serve(["palmyra-serve", *rest]) if entrypoint == "palmyra-serve" else []
 
     def compose_args(self, args: list[str]) -> list[str]:
         problems, i = [], 0

@@ -146,12 +146,16 @@ OPT_IN = ("monitoring", "components/autoscaling-keda")
 CORE_API_GROUPS = {"v1", "apps", "policy", "autoscaling", "networking.k8s.io"}
 
 # Every overlay, alone and with the CRD-backed opt-ins, plus the other components on the CPU overlay.
-TARGETS = [(name, ()) for name in OVERLAYS] + [(name, OPT_IN) for name in OVERLAYS if name != "cpu"] + [
-    ("cpu", ("components/shared-model-volume",)),
-    ("cpu", ("components/autoscaling-keda",)),
-    ("cpu", ("components/shared-model-volume", "components/no-download-egress")),
-    ("cpu", ("monitoring",)),
-]
+TARGETS = (
+    [(name, ()) for name in OVERLAYS]
+    + [(name, OPT_IN) for name in OVERLAYS if name != "cpu"]
+    + [
+        ("cpu", ("components/shared-model-volume",)),
+        ("cpu", ("components/autoscaling-keda",)),
+        ("cpu", ("components/shared-model-volume", "components/no-download-egress")),
+        ("cpu", ("monitoring",)),
+    ]
+)
 TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps in TARGETS]
 
 
