@@ -95,7 +95,9 @@ def test_a_100_mib_trailer_or_chunk_extension_gets_431_and_the_loop_stays_respon
         assert status_of(answer) == 431, answer[:300]
         assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "header_too_large"
     assert rss.growth_mb < 20  # the attack took +200 MB (one) and +400 MB (three)
-    assert max(latencies) < 0.1  # it took 4.4 s (three)
+    # Before the bound the loop stalled 4.4 s (three at once); a busy 2-core machine (three test
+    # workers and an image build beside it) once answered in 0.102 s: 0.5 s tells the two apart.
+    assert max(latencies) < 0.5
     assert rejections(client, sidecar, "header_too_large") == 3
     assert client.post(f"{sidecar.url}/v1/completions", json=completion()).status_code == 200
 
