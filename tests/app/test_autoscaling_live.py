@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
 import subprocess
 import tempfile
@@ -25,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import procs
+from tests.helpers import kustomize, procs
 from tests.helpers.load import ClosedLoop
 from tests.helpers.modules import load_module
 from tests.helpers.waiting import wait_until
@@ -43,18 +42,9 @@ local_prometheus = load_module("palmyra_local_prometheus_autoscaling", REPO / "m
 def rendered_scaledobject() -> dict:
     """The ScaledObject as a cluster receives it: an overlay with the KEDA component added, as an
     operator's own overlay adds it, rendered by kubectl."""
+    k8s = REPO / "k8s"
     with tempfile.TemporaryDirectory(prefix="palmyra-keda-") as tmp:
-        k8s = os.path.relpath(REPO / "k8s", tmp)
-        (Path(tmp) / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [f"{k8s}/overlays/nvidia"],
-                    "components": [f"{k8s}/components/autoscaling-keda"],
-                }
-            )
-        )
+        kustomize.write_stack(Path(tmp), k8s / "overlays" / "nvidia", [k8s / "components" / "autoscaling-keda"])
         out = subprocess.run(["kubectl", "kustomize", tmp], capture_output=True, text=True, check=True).stdout
     [scaled] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ScaledObject"]
     return scaled

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -137,7 +136,3 @@ def completion(base_url: str, max_tokens: int = 8, api_key: str | None = None) -
         timeout=120,
         api_key=api_key,
     )
-
-
-def env_with(**extra: str) -> dict[str, str]:
-    return {**os.environ, **extra}

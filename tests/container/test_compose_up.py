@@ -25,12 +25,12 @@ from tests.container.podman_helpers import (
     REPO,
     BuiltImages,
     completion,
-    env_with,
     http,
     podman,
     port_is_free,
     wait_ready,
 )
+from tests.helpers import deployed
 
 PROJECT = "palmyra-ct"
 ENGINE_PORT, SIDECAR_PORT = 18000, 18080
@@ -94,7 +94,7 @@ def stack(built_images: BuiltImages) -> Iterator[dict[str, str]]:
     ENV_FILE.parent.mkdir(exist_ok=True)
     ENV_FILE.write_text("".join(f"{k}={v}\n" for k, v in OPERATOR_ENV.items()))
     # The shell's PALMYRA_* would win over the env file: the file alone speaks here.
-    env = {k: v for k, v in env_with().items() if not k.startswith(("PALMYRA_", "COMPOSE_", "GRAFANA_"))}
+    env = deployed.compose_shell_env()
     compose("down", "-v", "-t", "5", env=env, timeout=300)  # leftovers of an interrupted run
     up = compose("up", "-d", *SERVICES, env=env)
     try:

@@ -6,20 +6,19 @@ podman-compose and the built sidecar image, as Compose runs it (no test override
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.container.podman_helpers import REPO, SIDECAR_IMAGE, BuiltImages
+from tests.helpers import deployed
 
 
 def test_the_ascend_profile_on_a_host_without_an_npu_stops_at_npu_check_and_names_the_cpu_path(
     built_images: BuiltImages,
 ) -> None:
     assert not list(Path("/dev").glob("davinci[0-9]*")), "this test needs a host without an NPU"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_", "GRAFANA_"))}
-    env.update(
+    env = deployed.compose_shell_env(
         PALMYRA_ENGINE_API_KEY="npu-check-test-engine-key",
         GRAFANA_ADMIN_PASSWORD="npu-check-test-grafana-password",
         PALMYRA_SIDECAR_IMAGE=built_images.sidecar,

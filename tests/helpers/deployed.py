@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 
@@ -11,6 +12,17 @@ import yaml
 from palmyra_serve.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
+# What Compose would interpolate from the shell that runs it, overriding the env file's values.
+COMPOSE_SHELL_PREFIXES = ("PALMYRA_", "COMPOSE_", "GRAFANA_")
+
+
+def compose_shell_env(**extra: str) -> dict[str, str]:
+    """This process's environment as the shell of a Compose run: without the variables the
+    docker-compose.yml interpolates (the env file, or `extra`, speaks for them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_SHELL_PREFIXES)}
+    return {**env, **extra}
+
+
 K8S_BASE = REPO / "k8s" / "base"
 
 

@@ -65,7 +65,11 @@ class Block:
 
 
 def blocks(path: Path) -> list[Block]:
-    text = path.read_text(encoding="utf-8")
+    return parse(path.read_text(encoding="utf-8"), path)
+
+
+def parse(text: str, path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown text (indented ones too, as in list items), unindented."""
     found = []
     for m in FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1

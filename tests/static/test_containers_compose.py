@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -337,10 +336,10 @@ def _podman_compose_run(
     argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
     for path in files:
         argv += ["-f", str(path)]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "COMPOSE_", "GRAFANA_"))}
-    environ["GRAFANA_ADMIN_PASSWORD"] = TEST_GRAFANA_PASSWORD  # required too; a test that wants it unset says ""
+    # Grafana's password is required too; a test that wants it unset says "".
+    environ = deployed.compose_shell_env(**{"GRAFANA_ADMIN_PASSWORD": TEST_GRAFANA_PASSWORD, **env})
     return subprocess.run(
-        [*argv, "config"], capture_output=True, text=True, cwd=REPO, env={**environ, **env}, timeout=60, check=False
+        [*argv, "config"], capture_output=True, text=True, cwd=REPO, env=environ, timeout=60, check=False
     )
 
 

@@ -36,7 +36,6 @@ from tests.helpers import doc_blocks
 REPO = Path(__file__).resolve().parents[2]
 READMES = doc_blocks.doc_files()  # every page a reader follows
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
-FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 CHECKED = ("palmyra-serve", "./bootstrap.sh", "./test.sh", "curl", "docker", "kubectl", "podman")
 OPERATORS = {"|", "||", "&&", ";", "&", "(", ")", "|&", ";;"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -63,10 +62,10 @@ GENERATION_PATHS = {"/v1/completions", "/v1/chat/completions"}
 
 def shell_lines(markdown: str) -> list[str]:
     lines: list[str] = []
-    for lang, body in FENCE.findall(markdown):
-        if lang.lower() not in SHELL_LANGS:
+    for block in doc_blocks.parse(markdown, REPO / "page.md"):
+        if block.lang.lower() not in SHELL_LANGS:
             continue
-        raw = body.splitlines()
+        raw = block.text.splitlines()
         prompted = any(line.startswith("$ ") for line in raw)
         logical, buf = [], ""
         for line in raw:

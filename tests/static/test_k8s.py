@@ -27,7 +27,7 @@ import yaml
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.routes import PROBE_PATHS
-from tests.helpers import deployed
+from tests.helpers import deployed, kustomize
 from tests.helpers.deployed import flag_value, loopback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,21 +95,8 @@ def _render(overlay: str, components: tuple[str, ...]) -> tuple[dict, ...]:
     target = K8S / "overlays" / overlay
     if not components:
         return _kustomize(target)
-    # A throw-away kustomization outside the repo stacks the components on the overlay;
-    # kustomize wants relative paths.
     with tempfile.TemporaryDirectory(prefix="palmyra-k8s-") as tmp:
-        (Path(tmp) / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [os.path.relpath(target, tmp)],
-                    "components": [os.path.relpath(K8S / c, tmp) for c in components],
-                }
-            ),
-            encoding="utf-8",
-        )
-        return _kustomize(Path(tmp))
+        return _kustomize(kustomize.write_stack(Path(tmp), target, [K8S / c for c in components]))
 
 
 def render(overlay: str, components: tuple[str, ...] = ()) -> list[dict]:
