@@ -49,7 +49,7 @@ apt_install() {
 # Debian tools, each only when missing.
 debs=(curl:curl)
 has static && debs+=(prometheus:promtool)
-has app && debs+=(haproxy:haproxy prometheus:prometheus)  # the rollout simulation; the autoscaler query on a live Prometheus
+has app && debs+=(haproxy:haproxy prometheus:prometheus redis-server:redis-server)  # the rollout simulation; the autoscaler query on a live Prometheus; quotas shared through Redis
 has engine && debs+=(prometheus:prometheus)
 has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
 # vLLM 0.18's CPU engine refuses to start without tcmalloc preloaded (tests/helpers/engine_under_test.py).

@@ -299,6 +299,7 @@ def sidecar_metrics() -> list[Family]:
     metrics = SidecarMetrics()
     metrics.bind_phase(lambda: PHASES[0])  # what HealthState does at start: creates every phase's series
     metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
+    metrics.bind_quota_store(lambda: 1.0)  # registered only where a shared quota store is configured
     wrappers = _instruments(metrics)
     families: list[Family] = []
     for family in metrics.registry.collect():

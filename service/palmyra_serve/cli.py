@@ -12,6 +12,7 @@ import importlib
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import get_args
 
 from palmyra_serve import __version__
@@ -36,6 +37,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     ],
     "sidecar": [
         ("palmyra-serve sidecar --engine-url http://127.0.0.1:8000", "guard an engine that runs already"),
+    ],
+    "tenants": [
+        ("openssl rand -hex 32 | tee search.key | palmyra-serve tenants digest", "a new key and its digest"),
+        ("palmyra-serve tenants check tenants.yaml", "is this tenants file valid? (each mistake with its line)"),
     ],
     "make-model": [("palmyra-serve make-model --out /tmp/tiny", "a tiny random-weight checkpoint")],
     "fetch-model": [
@@ -179,6 +184,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_up(_settings(args))
 
 
+def cmd_tenants(args: argparse.Namespace) -> int:
+    from palmyra_serve.sidecar.tenants import config
+
+    if args.action == "digest":
+        for line in sys.stdin.read().splitlines():
+            if line.strip():
+                print(config.key_digest(line.strip()))
+        return 0
+    if args.file is None:
+        print("error: tenants check needs the file to check", file=sys.stderr)
+        return 2
+    try:
+        tenants = config.read(args.file)
+    except config.TenantsFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, spec in tenants.by_name.items():
+        limits = spec.model_dump(exclude={"name", "keys"}, exclude_none=True)
+        print(f"{name}: {len(spec.keys)} key(s), queue share {tenants.share(name).queue_share:.0%}, {limits}")
+    return 0
+
+
 def cmd_make_model(args: argparse.Namespace) -> int:
     from palmyra_serve.model.stand_in import build
 
@@ -313,6 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a second port serving only /health, /health/sidecar and /ready, for probes (PALMYRA_PROBE_PORT)",
     )
     p.set_defaults(func=cmd_sidecar)
+
+    p = _command(
+        sub,
+        "tenants",
+        "write a key's digest for the tenants file, or check a tenants file",
+        "digest: the line of the tenants file for each key read on standard input (one per line; the key "
+        "itself never goes in the file). check: parse a tenants file as the sidecar does, print each tenant, "
+        "exit status 1 with the line of the first mistake.",
+    )
+    p.add_argument("action", choices=["digest", "check"])
+    p.add_argument("file", nargs="?", type=Path, help="check: the tenants file")
+    p.set_defaults(func=cmd_tenants)
 
     p = _command(
         sub,

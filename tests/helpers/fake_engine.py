@@ -69,6 +69,9 @@ METRICS_PAGE = (
     b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
     b"# TYPE vllm:num_requests_running gauge\n"
     b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 0.0\n'
+    b"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    b"# TYPE vllm:num_requests_waiting gauge\n"
+    b'vllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 0.0\n'
 )
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 USAGE_TRICKY = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
@@ -89,6 +92,7 @@ class Stats(TypedDict):
     metrics_renders: int
     running: int
     waiting: int
+    bodies: list[dict]
 
 
 STATS: Stats = {
@@ -104,6 +108,7 @@ STATS: Stats = {
     "metrics_renders": 0,
     "running": 0,
     "waiting": 0,
+    "bodies": [],
 }
 SLOTS: dict[int, asyncio.Semaphore] = {}  # one per max_running value, made on first use
 
@@ -229,6 +234,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     STATS["request_ids"].append(request.headers.get("x-request-id"))
     STATS["auth"].append(request.headers.get("authorization"))
     body = await request.json()
+    STATS["bodies"] = [*STATS["bodies"][-19:], body]  # the last 20, as the engine got them
     if STATE["generate_delay"]:
         await asyncio.sleep(float(STATE["generate_delay"]))
     chat = "messages" in body
@@ -339,6 +345,12 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             await resp.write(_chunk(i, chat, FAT_TOKEN_BYTES if mode == "fake:fat-tokens" else 0))
             if delay:
                 await asyncio.sleep(delay)
+        options = body.get("stream_options")
+        if n and isinstance(options, dict) and options.get("include_usage"):
+            # As vLLM writes it: compact JSON, no choices, just before [DONE].
+            usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+            event = {"id": "cmpl-fake", "object": "text_completion", "choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
         if n:
             await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

@@ -393,7 +393,8 @@ for key, argv in json.loads(sys.argv[1]).items():
             sizes = getattr(cc, "cudagraph_capture_sizes", None)
         results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
                         "eager": args.enforce_eager, "capture_sizes": sizes,
-                        "additional": getattr(args, "additional_config", None)}
+                        "additional": getattr(args, "additional_config", None),
+                        "policy": getattr(args, "scheduling_policy", None)}
     except SystemExit as exc:
         results[key] = {"ok": False, "code": exc.code}
 print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
@@ -432,6 +433,7 @@ def _parser_module() -> str:
 def commands() -> dict[str, tuple[dict[str, str], list[str]]]:
     out = {p: cmd.host_command(p) for p in PLATFORMS}
     out["unknown"] = cmd.host_command("ascend", PALMYRA_ENGINE_EXTRA_ARGS=f"{UNKNOWN} 1")
+    out["priority"] = cmd.host_command("ascend", PALMYRA_PRIORITY_SCHEDULING="true")
     for key, (name, value) in documented_settings().items():
         out[key] = cmd.host_command("ascend", **{name: value})
     return out
@@ -498,6 +500,13 @@ def test_the_settings_the_docs_recommend_reach_vllm_018_as_meant(parsed: dict) -
             # vllm-ascend reads additional_config["enable_cpu_binding"]: a bool, not the string.
             assert got["additional"] == {"enable_cpu_binding": False}, f"{key}: vLLM got {got['additional']}"
     assert any("enable_cpu_binding" in value for _, value in settings.values()), settings
+
+
+def test_priority_scheduling_reaches_vllm_018_as_its_priority_policy(parsed: dict) -> None:
+    """The sidecar sets tenants' priorities only with PALMYRA_PRIORITY_SCHEDULING; the engine must
+    then run the priority policy (under its default, fcfs, vLLM 0.18.0 ignores a request's priority)."""
+    assert _accepted(parsed, "priority")["policy"] == "priority"
+    assert _accepted(parsed, "ascend")["policy"] == "fcfs"
 
 
 def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:

@@ -174,6 +174,7 @@ def test_metrics_contract() -> None:
 SAMPLE_ARGS: dict[str, object] = {
     "allow": "POST",
     "allowed": "system, user, assistant",
+    "code": errors.ErrorCode.RATE_LIMIT_TOKENS,
     "asked": 9,
     "cap": 8,
     "limit": 1024,
@@ -186,6 +187,7 @@ SAMPLE_ARGS: dict[str, object] = {
     "retry_after": 7,
     "role": "robot",
     "seconds": 1.5,
+    "tenant": "search",
 }
 # Factories that pick another factory by a code: called with each code of their vocabulary (and
 # one outside it, which shows the fallback).

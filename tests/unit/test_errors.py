@@ -56,6 +56,14 @@ ERRORS = [
     (errors.too_many_connections(1), 503, "service_unavailable", "too_many_connections"),
     (errors.header_timeout(1), 408, "invalid_request_error", "header_timeout"),
     (errors.write_timeout(1), 408, "invalid_request_error", "write_timeout"),
+    (
+        errors.over_quota(errors.ErrorCode.RATE_LIMIT_REQUESTS, "t", 5, 3),
+        429,
+        "rate_limit_error",
+        "rate_limit_requests",
+    ),
+    (errors.over_quota(errors.ErrorCode.RATE_LIMIT_TOKENS, "t", 5, 3), 429, "rate_limit_error", "rate_limit_tokens"),
+    (errors.over_quota(errors.ErrorCode.TENANT_CONCURRENCY, "t", 5, 1), 429, "rate_limit_error", "tenant_concurrency"),
 ]
 
 
@@ -81,6 +89,9 @@ def test_a_fresh_metrics_page_has_every_reason_kind_and_route_in_order() -> None
         "queue_full",
         "queue_timeout",
         "slo_unreachable",
+        "rate_limit_requests",
+        "rate_limit_tokens",
+        "tenant_concurrency",
         "request_too_large",
         "request_timeout",
         "max_tokens_too_large",

@@ -116,3 +116,12 @@ def test_a_placeholder_engine_key_is_refused_before_anything_starts(tmp_path, mo
     assert "refusing to start" in caplog.text and "openssl rand -hex 32" in caplog.text
     assert "change-me-engine-key" not in caplog.text  # the key itself is never logged
     assert launcher.run(command("a-real-engine-key-123")) == 0 and marker.exists()
+
+
+def test_priority_scheduling_asks_the_engine_for_the_priority_policy():
+    """vLLM's default policy (fcfs) accepts a request's priority and ignores it: the launcher asks
+    for the priority policy exactly when the sidecar will set priorities."""
+    plain = build_command(Settings(engine_api_key="secret"), "/m", "cpu").argv
+    assert "--scheduling-policy" not in plain
+    with_priority = build_command(Settings(engine_api_key="secret", priority_scheduling=True), "/m", "cpu").argv
+    assert flag(with_priority, "--scheduling-policy") == "priority"

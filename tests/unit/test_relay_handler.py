@@ -29,6 +29,7 @@ from palmyra_serve.sidecar.observability import access_log
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.relay.handler import Relay, request_id_from
+from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
@@ -263,7 +264,8 @@ def test_response_headers_are_an_allow_list_of_what_describes_the_body():
             (b"x-request-id", b"engine's"),
         ]
 
-    headers = _response_headers(Resp(), "rid-1")  # type: ignore[arg-type]
+    record = RequestRecord("rid-1", "POST", "/v1/completions", "completions")
+    headers = _response_headers(Resp(), "rid-1", record)  # type: ignore[arg-type]
     assert headers == [
         (b"Content-Type", b"application/json"),
         (b"content-length", b"12"),
@@ -289,10 +291,10 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     admission = build_admission(settings, AdmissionPlan.of(settings))
     relay = Relay(settings, metrics, admission, ApiKeys.from_settings(settings), health)
 
-    def broken(body: bytes, entry: object) -> None:
+    def broken(body: bytes, entry: object, tenant: object, record: object) -> None:
         raise RuntimeError("a bug in the sidecar")
 
-    relay._check_cost = broken  # type: ignore[method-assign]  # the injected fault
+    relay._inspect = broken  # type: ignore[method-assign,assignment]  # the injected fault
     sent: list[dict] = []
 
     async def receive() -> dict:

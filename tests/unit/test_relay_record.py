@@ -26,6 +26,7 @@ def test_a_record_with_every_field_set_writes_every_documented_key_in_order() ->
         truncated=True,
         engine_error_event=True,
         client_disconnected=True,
+        tenant="search",
     )
     fields = record.log_fields()
     assert list(fields) == list(ACCESS_LOG_KEYS)

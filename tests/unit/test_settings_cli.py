@@ -10,7 +10,7 @@ import pytest
 from palmyra_serve.cli import _settings, build_parser
 from palmyra_serve.settings import Settings, split_keys
 
-SUBCOMMANDS = ("up", "engine", "sidecar", "make-model", "fetch-model", "validate", "bench")
+SUBCOMMANDS = ("up", "engine", "sidecar", "tenants", "make-model", "fetch-model", "validate", "bench")
 
 
 def test_env_prefix_and_defaults(monkeypatch):

@@ -133,3 +133,27 @@ def test_the_copy_is_fresh_enough_for_the_endpoint_picker():
     assert int(interval[:-2]) / 1000 >= metrics_page.MAX_AGE_S
     # Plus one fetch: milliseconds for a vLLM page (6.5 ms for 56 KB, docs/inference-gateway.md).
     assert metrics_page.MAX_AGE_S + metrics_page.READ_GRACE_S <= 1.5
+
+
+def test_the_sidecars_queue_is_added_to_the_engines_waiting_gauge_in_place():
+    """The endpoint picker scores on vllm:num_requests_waiting: requests waiting in the sidecar's
+    admission queue count there too (the first series; no other line changes)."""
+    from palmyra_serve.sidecar.upstream.metrics_page import add_sidecar_queue
+
+    page = bytearray(
+        b"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        b"# TYPE vllm:num_requests_waiting gauge\n"
+        b'vllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 2.0\n'
+        b'vllm:num_requests_running{engine="0",model_name="palmyra-mini"} 7.0\n'
+    )
+    before = bytes(page)
+    add_sidecar_queue(page, 5)
+    assert page == before.replace(
+        b'"palmyra-mini"} 2.0\nvllm:num_requests_running', b'"palmyra-mini"} 7.0\nvllm:num_requests_running'
+    )
+    unlabelled = bytearray(b"vllm:num_requests_waiting 0\n")
+    add_sidecar_queue(unlabelled, 3)
+    assert unlabelled == bytearray(b"vllm:num_requests_waiting 3.0\n")
+    other = bytearray(b"vllm:num_requests_running 1\n")
+    add_sidecar_queue(other, 3)
+    assert other == bytearray(b"vllm:num_requests_running 1\n")

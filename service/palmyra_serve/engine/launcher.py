@@ -109,6 +109,10 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         env["VLLM_USE_AOT_COMPILE"] = os.environ.get("VLLM_USE_AOT_COMPILE", "0")
         # vLLM's CPU default (one core left to its API server) measured faster here than binding all
         # cores; only an explicit VLLM_CPU_OMP_THREADS_BIND from the operator overrides it.
+    if settings.priority_scheduling:
+        # The sidecar sets each generation's priority to its tenant's; vLLM's default policy (fcfs)
+        # would accept the field and ignore it.
+        argv += ["--scheduling-policy", "priority"]
     argv += shlex.split(settings.engine_extra_args)
     return EngineCommand(argv=argv, env=env, platform=platform)
 

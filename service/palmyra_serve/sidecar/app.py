@@ -34,6 +34,7 @@ from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.relay.auth import ApiKeys, validate_engine_key
 from palmyra_serve.sidecar.relay.handler import Relay
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
+from palmyra_serve.sidecar.tenants.wiring import build_quotas
 from palmyra_serve.sidecar.upstream.control import EngineClient, new_session
 from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES
 from palmyra_serve.sidecar.upstream.metrics_page import (
@@ -70,7 +71,14 @@ class SidecarState:
         if isinstance(self.admission, AdaptiveAdmission):
             self.admission.on_fault = metrics.admission_faults.inc
         validate_engine_key(settings.engine_api_key)  # AuthConfigError: serve() refuses to start
-        self.relay = Relay(settings, metrics, self.admission, ApiKeys.from_settings(settings), self.health)
+        self.quotas = build_quotas(settings)
+        self.quotas.on_remote_error = metrics.quota_store_errors.inc
+        if self.quotas.remote is not None:
+            metrics.bind_quota_store(lambda: 1.0 if self.quotas.remote_up else 0.0)
+        keys = ApiKeys.from_settings(settings)  # AuthConfigError, TenantsFileError: serve() refuses to start
+        keys.on_tenants = metrics.show_tenants
+        metrics.show_tenants(keys.tenants)
+        self.relay = Relay(settings, metrics, self.admission, keys, self.health, self.quotas)
         metrics.bodies_arriving.set_function(self.relay.uploads_arriving)
         self.session: aiohttp.ClientSession | None = None
         self.engine_metrics: EngineMetricsCache | None = None  # set by the lifespan, with the session
@@ -174,12 +182,16 @@ def create_app(
         state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
         state.relay.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
         engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
-        state.engine_metrics = EngineMetricsCache(engine_fetch(engine), settings.retry_after_s)
+        state.engine_metrics = EngineMetricsCache(
+            engine_fetch(engine, lambda: state.admission.queued), settings.retry_after_s
+        )
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
             asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
             asyncio.create_task(read_engine_capacity(state, engine, settings.health_poll_interval_s)),
         ]
+        if state.quotas.remote is not None:
+            tasks.append(asyncio.create_task(state.quotas.watch()))
         log.info(
             "sidecar started",
             extra={
@@ -193,6 +205,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             state.relay.pool.close()
+            await state.quotas.close()
             state.relay.access_log.flush()
             if own_session:
                 await state.session.close()

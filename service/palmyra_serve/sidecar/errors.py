@@ -21,6 +21,7 @@ class Family(Enum):
 
     UPSTREAM = "upstream"  # a failure talking to the engine: palmyra_upstream_errors{kind}, pre-created
     OVERLOAD = "overload"  # admission's refusals (429 + Retry-After): palmyra_rejections{reason}, pre-created
+    QUOTA = "quota"  # a tenant over its own limits (429 + Retry-After): palmyra_rejections{reason}, pre-created
     REFUSAL = "refusal"  # the relay's other refusals: palmyra_rejections{reason}, pre-created
     FRONT_END = "front_end"  # routes, protocol limits, request cost: palmyra_rejections{reason}, on first use
     FAULT = "fault"  # the sidecar's or the engine's own failure: no rejection, no upstream kind
@@ -56,6 +57,11 @@ class ErrorCode(StrEnum):
     QUEUE_FULL = "queue_full", 429, "rate_limit_error", Family.OVERLOAD
     QUEUE_TIMEOUT = "queue_timeout", 429, "rate_limit_error", Family.OVERLOAD
     SLO_UNREACHABLE = "slo_unreachable", 429, "rate_limit_error", Family.OVERLOAD
+    # A tenant over a limit of its own (tenants/quota.py): requests or tokens in the last minute,
+    # requests at once on this replica. Not overload: the service may be idle.
+    RATE_LIMIT_REQUESTS = "rate_limit_requests", 429, "rate_limit_error", Family.QUOTA
+    RATE_LIMIT_TOKENS = "rate_limit_tokens", 429, "rate_limit_error", Family.QUOTA
+    TENANT_CONCURRENCY = "tenant_concurrency", 429, "rate_limit_error", Family.QUOTA
     # The relay's other refusals.
     REQUEST_TOO_LARGE = "request_too_large", 413, "invalid_request_error", Family.REFUSAL
     REQUEST_TIMEOUT = "request_timeout", 408, "invalid_request_error", Family.REFUSAL
@@ -89,9 +95,10 @@ def codes(*families: Family) -> tuple[ErrorCode, ...]:
 
 UPSTREAM_CODES = codes(Family.UPSTREAM)
 OVERLOAD_CODES = codes(Family.OVERLOAD)
+QUOTA_CODES = codes(Family.QUOTA)
 # Pre-created as palmyra_rejections_total series (front-end codes count the same way, their series
 # appears on first use).
-REJECTION_CODES = codes(Family.OVERLOAD, Family.REFUSAL)
+REJECTION_CODES = codes(Family.OVERLOAD, Family.QUOTA, Family.REFUSAL)
 FRONT_END_CODES = codes(Family.FRONT_END)
 
 
@@ -103,6 +110,7 @@ class ApiError(Exception):
     code: ErrorCode
     param: str | None = None
     retry_after: int | None = None
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()  # a tenant's x-ratelimit-* (tenants/quota.py)
 
     @classmethod
     def of(cls, code: ErrorCode, message: str, **fields: Any) -> Self:
@@ -122,6 +130,7 @@ class ApiError(Exception):
             out.append((b"x-request-id", request_id.encode()))
         if self.retry_after is not None:
             out.append((b"retry-after", str(self.retry_after).encode()))
+        out.extend(self.extra_headers)
         return out
 
     def sse_event(self) -> bytes:
@@ -206,6 +215,22 @@ def overloaded(reason: str, retry_after: int) -> ApiError:
     if reason == ErrorCode.QUEUE_TIMEOUT:
         return queue_timeout(retry_after)
     return queue_full(retry_after)
+
+
+_QUOTA_WORDS = {
+    ErrorCode.RATE_LIMIT_REQUESTS: "requests per minute",
+    ErrorCode.RATE_LIMIT_TOKENS: "tokens per minute",
+    ErrorCode.TENANT_CONCURRENCY: "requests at once",
+}
+
+
+def over_quota(code: ErrorCode, tenant: str, limit: int, retry_after: int) -> ApiError:
+    """A tenant over one of its own limits (one of QUOTA_CODES)."""
+    return ApiError.of(
+        code,
+        f"Rate limit reached for tenant {tenant} on {_QUOTA_WORDS[code]}: limit {limit}; retry after {retry_after} s.",
+        retry_after=retry_after,
+    )
 
 
 def draining(retry_after: int) -> ApiError:

@@ -20,6 +20,7 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
 from palmyra_serve.sidecar.edge.protocol import bounded_protocol
 from palmyra_serve.sidecar.relay.auth import AuthConfigError
+from palmyra_serve.sidecar.tenants.config import TenantsFileError
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -58,7 +59,7 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: Settings) -> None:
     try:
         app = create_app(settings)
-    except AuthConfigError as exc:
+    except (AuthConfigError, TenantsFileError) as exc:
         # Fail closed, and say why in one line rather than a traceback.
         log.error("refusing to start: %s", exc)
         raise SystemExit(2) from None

@@ -1,4 +1,5 @@
-"""The asyncio side of adaptive admission: FIFO waiters with deadlines in front of a ConcurrencyGate.
+"""The asyncio side of adaptive admission: waiters with deadlines in front of a ConcurrencyGate,
+served fairly between tenants (admission/fair_queue.py), in arrival order within one.
 
 The gate (admission/limit.py) decides; this keeps the waiting requests and their timers, and
 learns from the relay's latency reports. It answers admission/protocol.py's AdmissionControl, as
@@ -15,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, FairQueue, Share
 from palmyra_serve.sidecar.admission.limit import QUEUE_TIMEOUT, ConcurrencyGate, Outcome, Ticket
 from palmyra_serve.sidecar.admission.protocol import Drainable, Draining, Refused
 from palmyra_serve.sidecar.lifecycle.drain import DrainState
@@ -35,7 +37,7 @@ class AdaptiveAdmission(Drainable):
         self.faults = 0  # learning calls that raised (each one left the limit as it was)
         self.on_fault: Callable[[], None] | None = None  # the metric's increment, bound by the app
         self._fault_logged_at: float | None = None
-        self._waiters: deque[tuple[asyncio.Future[Ticket], float]] = deque()
+        self._waiters: FairQueue[_Waiter] = FairQueue()
 
     @property
     def in_flight(self) -> int:
@@ -60,14 +62,14 @@ class AdaptiveAdmission(Drainable):
     def max_queue_wait_s(self) -> float:
         return self.gate.max_queue_wait_s()
 
-    async def acquire(self) -> Ticket:
+    async def acquire(self, share: Share = DEFAULT_SHARE) -> Ticket:
         """A slot in the engine, after a wait the TTFT SLO allows; Refused (at once when the queue
         cannot be served in time) or Draining otherwise."""
         if self.draining:
             raise Draining
         gate = self.gate
         try:
-            decision = gate.arrive()
+            decision = gate.arrive(share)
         except Exception as exc:  # the queue policy's arithmetic failed: admit within the limit, or refuse
             self._fault(exc)
             decision = gate.arrive_plain()
@@ -79,8 +81,9 @@ class AdaptiveAdmission(Drainable):
             raise Refused.of(decision)
         assert decision.deadline is not None
         enqueued_at = gate.clock()
-        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        self._waiters.append((fut, enqueued_at))
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), enqueued_at, share.tenant)
+        fut = waiter.fut
+        self._waiters.push(share, waiter)
         self._idle.clear()
         try:
             async with asyncio.timeout(max(0.0, decision.deadline - enqueued_at)):
@@ -88,13 +91,13 @@ class AdaptiveAdmission(Drainable):
         except TimeoutError:
             if fut.done() and not fut.cancelled():
                 return fut.result()  # the slot arrived at the deadline: keep it
-            self._forget(fut)
-            raise Refused.of(gate.refusal(QUEUE_TIMEOUT)) from None
+            self._forget(waiter)
+            raise Refused.of(gate.refusal(QUEUE_TIMEOUT, share)) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result(), outcome="ignore")  # handed a slot it will never use
             else:
-                self._forget(fut)
+                self._forget(waiter)
             raise
 
     # --- the relay's reports --------------------------------------------------------------
@@ -135,22 +138,27 @@ class AdaptiveAdmission(Drainable):
 
     # --- internals ---------------------------------------------------------------------------
     def _hand_out(self) -> None:
-        """Free slots go to the oldest waiters, so a waiter is never overtaken by a newcomer."""
+        """Free slots go to the waiters the fair queue picks: the oldest of the tenant whose turn it
+        is, so within a tenant a waiter is never overtaken by a newcomer."""
         while self._waiters and self.gate.can_dispatch():
-            fut, enqueued_at = self._waiters.popleft()
-            if fut.done():
+            waiter = self._waiters.pop()
+            if waiter.fut.done():
                 continue  # timed out or cancelled; it already left the gate's queue
-            fut.set_result(self.gate.dispatch(enqueued_at))
+            waiter.fut.set_result(self.gate.dispatch(waiter.enqueued_at, waiter.tenant))
 
-    def _forget(self, fut: asyncio.Future[Ticket]) -> None:
-        for i, (waiter, _) in enumerate(self._waiters):
-            if waiter is fut:
-                del self._waiters[i]
-                break
-        fut.cancel()
-        self.gate.leave_queue()
+    def _forget(self, waiter: _Waiter) -> None:
+        self._waiters.remove(waiter.tenant, waiter)
+        waiter.fut.cancel()
+        self.gate.leave_queue(waiter.tenant)
         self._check_idle()
 
     def _check_idle(self) -> None:
         if self.gate.in_flight == 0 and self.gate.queued == 0:
             self._idle.set()
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    fut: asyncio.Future[Ticket]
+    enqueued_at: float
+    tenant: str

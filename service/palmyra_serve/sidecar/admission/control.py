@@ -4,8 +4,11 @@ Two modes (PALMYRA_ADMISSION_MODE, docs/admission.md):
 - adaptive (the default): admission/adaptive.py's AdaptiveAdmission over admission/limit.py's
   ConcurrencyGate, whose limit follows the measured latency against the SLOs under a ceiling read
   from the engine, and whose queue only holds what can still start within the TTFT SLO.
-- fixed: `Admission` below, a bounded number of requests in flight, a bounded FIFO queue with a
+- fixed: `Admission` below, a bounded number of requests in flight, a bounded queue with a
   timeout (max_in_flight, max_queue, queue_timeout_s).
+
+Both queues are shared between tenants by weight (admission/fair_queue.py): each tenant holds at
+most its share of max_queue, and a freed slot goes to the tenant whose turn it is.
 
 Both answer admission/protocol.py's AdmissionControl (acquire -> Ticket, first_token, inter_token,
 release, drain, in_flight, queued, limit, ceiling), so the relay (relay/handler.py) does not care
@@ -18,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
+from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, FairQueue, Share
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -100,11 +103,11 @@ def learn_ceiling(admission: AdmissionControl, plan: AdmissionPlan, engine_metri
 
 
 class Admission(Drainable):
-    """Fixed mode: max_in_flight slots, a FIFO queue of max_queue waiting up to queue_timeout_s.
+    """Fixed mode: max_in_flight slots, a queue of max_queue waiting up to queue_timeout_s.
 
     The engine batches what it is given, so the limit exists to keep latency bounded and to answer
-    overload with a 429. A released slot is handed straight to the oldest waiter, so a waiter can
-    never be overtaken by a newcomer."""
+    overload with a 429. A released slot is handed straight to the next waiter the fair queue
+    picks (the oldest of its tenant), so within a tenant a waiter is never overtaken by a newcomer."""
 
     probe_tokens = 0  # latency reports change nothing here
 
@@ -122,7 +125,7 @@ class Admission(Drainable):
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self.in_flight = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: FairQueue[asyncio.Future[None]] = FairQueue()
 
     @property
     def queued(self) -> int:
@@ -139,7 +142,7 @@ class Admission(Drainable):
     def max_queue_wait_s(self) -> float:
         return self.queue_timeout_s
 
-    async def acquire(self) -> Ticket:
+    async def acquire(self, share: Share = DEFAULT_SHARE) -> Ticket:
         """Take a slot, waiting in the queue if needed; raises Refused (429) or Draining (503)."""
         if self.draining:
             raise Draining
@@ -148,24 +151,24 @@ class Admission(Drainable):
             self.in_flight += 1
             self._idle.clear()
             return Ticket(arrived, 0.0)
-        if len(self._waiters) >= self.max_queue:
+        if len(self._waiters) >= self.max_queue or self._waiters.count(share.tenant) >= share.queue_cap(self.max_queue):
             raise Refused(QUEUE_FULL, self.retry_after_s)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        self._waiters.push(share, fut)
         self._idle.clear()
         try:
             async with asyncio.timeout(self.queue_timeout_s):
                 await fut
         except TimeoutError:
             if not (fut.done() and not fut.cancelled()):
-                self._discard(fut)
+                self._discard(share.tenant, fut)
                 raise Refused(QUEUE_TIMEOUT, self.retry_after_s) from None
             # else the slot arrived at the deadline: keep it
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._release()  # we were handed a slot but will never use it
             else:
-                self._discard(fut)
+                self._discard(share.tenant, fut)
             raise
         now = time.monotonic()
         return Ticket(now, now - arrived)
@@ -181,7 +184,7 @@ class Admission(Drainable):
 
     def _release(self) -> None:
         while self._waiters:
-            fut = self._waiters.popleft()
+            fut = self._waiters.pop()
             if not fut.done():
                 fut.set_result(None)  # the slot passes on; in_flight is unchanged
                 return
@@ -189,10 +192,7 @@ class Admission(Drainable):
         if self.in_flight == 0:
             self._idle.set()
 
-    def _discard(self, fut: asyncio.Future[None]) -> None:
-        try:
-            self._waiters.remove(fut)
-        except ValueError:
-            pass
+    def _discard(self, tenant: str, fut: asyncio.Future[None]) -> None:
+        self._waiters.remove(tenant, fut)
         if not self._waiters and self.in_flight == 0:
             self._idle.set()

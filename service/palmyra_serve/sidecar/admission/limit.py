@@ -54,6 +54,13 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
 - Adaptive only: fixed mode (PALMYRA_ADMISSION_MODE=fixed, a limit that never moves) is
   admission/control.py's Admission, which has none of this arithmetic to run.
 
+The queue is shared between tenants by weight (admission/fair_queue.py serves it), so a request is
+judged by the wait it will have under fair share, not behind the whole queue: for a request of
+tenant t with weight w_t, the tenants waiting now (t included) share mu in proportion to their
+weights, so t's part is mu_t = mu x w_t / W (W: the sum of their weights) and its expected wait is
+(queued_t + 1) / mu_t. With one tenant that is the whole queue's (queued + 1) / mu. Each tenant may
+hold at most its share of max_queue (Share.queue_cap), so no tenant's backlog fills the others' part.
+
 The queue: a request that finds no free slot may wait at most what the TTFT SLO (less a headroom,
 `queue_headroom` of it) leaves after the expected engine TTFT:
 max_wait = max(0, ttft_slo_s x (1 - queue_headroom) - (srtt + 2 rttvar)) with srtt/rttvar the smoothed
@@ -80,6 +87,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, Share
 
 Outcome = Literal["ok", "ignore"]  # ok: a measured success; ignore: nothing learnt (any failure)
 
@@ -289,9 +297,9 @@ class ConcurrencyGate:
     """Counts, limit and queue policy together: what AdaptiveAdmission asks on every arrival and release.
 
     Protocol (AdaptiveAdmission, admission/adaptive.py, keeps the waiters, FIFO, and their timers):
-      d = gate.arrive()                  admit -> relay; queue -> wait until d.deadline; refuse -> 429
-      gate.dispatch(enqueued_at)         when handing a freed slot to the oldest waiter (while can_dispatch())
-      gate.leave_queue()                 a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT)
+      d = gate.arrive(share)             admit -> relay; queue -> wait until d.deadline; refuse -> 429
+      gate.dispatch(enqueued_at, tenant) when handing a freed slot to the next waiter (while can_dispatch())
+      gate.leave_queue(tenant)           a waiter timed out or went away; then gate.refusal(QUEUE_TIMEOUT, share)
       gate.first_token(ticket)           the relay saw the first token
       gate.inter_token(ticket, itl_s)    the stream's mean gap after config.probe_tokens tokens
       gate.finish(ticket, itl_s, outcome)   the relay is done; then hand slots out while can_dispatch()
@@ -303,6 +311,8 @@ class ConcurrencyGate:
         self.limiter = AdaptiveLimit(config, ceiling, clock)
         self.in_flight = 0
         self.queued = 0
+        self.queued_by: dict[str, int] = {}  # waiting requests per tenant (no entry at 0)
+        self._weights: dict[str, float] = {}  # the weight of each tenant with waiting requests
         self._srtt: float | None = None  # smoothed engine TTFT
         self._rttvar = 0.0
         self._service_s: float | None = None  # smoothed dispatch -> finish of measured requests
@@ -335,37 +345,48 @@ class ConcurrencyGate:
             return None
         return self.limit / self._service_s
 
-    def expected_wait_s(self, position: int) -> float:
-        """Expected queue wait of the request at 1-based `position` (0 when nothing is measured yet)."""
+    def expected_wait_s(self, position: int, share: Share | None = None) -> float:
+        """Expected queue wait of the request at 1-based `position` in the queue of `share`'s
+        tenant, served at that tenant's fair part of the service rate (0 when nothing is measured
+        yet); without a share, at `position` in the whole queue."""
         mu = self.service_rate()
-        return position / mu if mu else 0.0
+        if not mu:
+            return 0.0
+        if share is None:
+            return position / mu
+        others = sum(w for tenant, w in self._weights.items() if tenant != share.tenant)
+        return position * (others + share.weight) / (mu * share.weight)
 
-    def retry_after_s(self) -> int:
-        """Seconds until a newcomer would be admissible again if nothing else arrived: the queue's
-        expected wait for one more, minus what the SLO allows, at least 1."""
-        excess = self.expected_wait_s(self.queued + 1) - self.max_queue_wait_s()
+    def retry_after_s(self, share: Share = DEFAULT_SHARE) -> int:
+        """Seconds until a newcomer of `share`'s tenant would be admissible again if nothing else
+        arrived: its expected wait for one more, minus what the SLO allows, at least 1."""
+        position = self.queued_by.get(share.tenant, 0) + 1
+        excess = self.expected_wait_s(position, share) - self.max_queue_wait_s()
         if not excess < self.config.retry_after_max_s:  # NaN included: say the longest
             return self.config.retry_after_max_s
         return int(max(1, math.ceil(excess)))
 
-    def refusal(self, reason: str) -> Decision:
-        return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s())
+    def refusal(self, reason: str, share: Share = DEFAULT_SHARE) -> Decision:
+        return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s(share))
 
     # --- the calls admission makes ---------------------------------------------------------
-    def arrive(self) -> Decision:
+    def arrive(self, share: Share = DEFAULT_SHARE) -> Decision:
         now = self.clock()
         if self.queued == 0 and self.can_dispatch():
             self.in_flight += 1
             return Decision("admit", ticket=Ticket(now, 0.0, self.in_flight >= self.limit))
         self.limiter.note_binding()
-        if self.queued >= self.config.max_queue:
-            return self.refusal(QUEUE_FULL)
+        mine = self.queued_by.get(share.tenant, 0)
+        if self.queued >= self.config.max_queue or mine >= share.queue_cap(self.config.max_queue):
+            return self.refusal(QUEUE_FULL, share)
         if self.service_rate() is None and self.queued >= self.limit:
-            return self.refusal(QUEUE_FULL)  # nothing measured yet: queue one round at most
+            return self.refusal(QUEUE_FULL, share)  # nothing measured yet: queue one round at most
         max_wait = self.max_queue_wait_s()
-        if self.expected_wait_s(self.queued + 1) > max_wait or max_wait <= 0:
-            return self.refusal(SLO_UNREACHABLE)
+        if self.expected_wait_s(mine + 1, share) > max_wait or max_wait <= 0:
+            return self.refusal(SLO_UNREACHABLE, share)
         self.queued += 1
+        self.queued_by[share.tenant] = mine + 1
+        self._weights[share.tenant] = share.weight
         return Decision("queue", deadline=now + max_wait)
 
     def arrive_plain(self) -> Decision:
@@ -375,15 +396,21 @@ class ConcurrencyGate:
             return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit))
         return Decision("refuse", reason=QUEUE_FULL, retry_after_s=self.config.retry_after_max_s)
 
-    def dispatch(self, enqueued_at: float) -> Ticket:
-        """A waiter takes a free slot (call only when can_dispatch())."""
+    def dispatch(self, enqueued_at: float, tenant: str = DEFAULT_SHARE.tenant) -> Ticket:
+        """A waiter of `tenant` takes a free slot (call only when can_dispatch())."""
         now = self.clock()
-        self.queued -= 1
+        self.leave_queue(tenant)
         self.in_flight += 1
         return Ticket(now, now - enqueued_at, self.in_flight >= self.limit)
 
-    def leave_queue(self) -> None:
+    def leave_queue(self, tenant: str = DEFAULT_SHARE.tenant) -> None:
         self.queued -= 1
+        left = self.queued_by.get(tenant, 0) - 1
+        if left > 0:
+            self.queued_by[tenant] = left
+        else:
+            self.queued_by.pop(tenant, None)
+            self._weights.pop(tenant, None)
 
     def first_token(self, ticket: Ticket) -> None:
         ttft = sample(self.clock() - ticket.dispatched_at)

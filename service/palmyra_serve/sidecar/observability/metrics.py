@@ -19,6 +19,7 @@ from prometheus_client import (
 from palmyra_serve import __version__
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.routes import ROUTE_LABELS
+from palmyra_serve.sidecar.tenants.config import Tenants
 
 # Label values are error codes (errors.py): a rejection's reason and an upstream failure's kind
 # are the `code` of the error the client got.
@@ -164,6 +165,47 @@ class SidecarMetrics:
         )
         Gauge("palmyra_build_info", "palmyra-serve version.", ["version"], registry=r).labels(__version__).set(1)
 
+        # Per tenant (docs/tenants.md): the `tenant` label takes only names from the tenants file
+        # and `default`, so the series are bounded by the file, whatever clients send.
+        self.tenant_requests = Counter(
+            "palmyra_tenant_requests",
+            "Requests of each tenant that passed the key check, by HTTP status.",
+            ["tenant", "status"],
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "palmyra_tenant_tokens",
+            "Tokens of each tenant's generations, by kind (prompt, completion), as the engine counted them.",
+            ["tenant", "kind"],
+            registry=r,
+        )
+        self.tenant_refusals = Counter(
+            "palmyra_tenant_refusals",
+            "Each tenant's requests the sidecar refused, by reason (the error code).",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        # Registered only when a shared store is configured (bind_quota_store): absent otherwise,
+        # rather than a 0 that would read as "the store is down".
+        self.quota_store_up = Gauge(
+            "palmyra_quota_store_up",
+            "1 while the shared quota store (Redis) answers; 0 while this replica enforces its share of every "
+            "tenant limit alone. Absent without a shared store.",
+            registry=None,
+        )
+        self.tenant_limit = Gauge(
+            "palmyra_tenant_limit",
+            "Each tenant's limits as the tenants file sets them (requests_per_minute, tokens_per_minute, "
+            "max_concurrent per replica); absent for a limit the tenant does not have.",
+            ["tenant", "limit"],
+            registry=r,
+        )
+        self.quota_store_errors = Counter(
+            "palmyra_quota_store_errors",
+            "Quota calls to the shared store (Redis) that failed or timed out.",
+            registry=r,
+        )
+
         # Pre-create every child so each series exists from the first scrape and the hot path does
         # no label lookups for these.
         for route in ROUTE_LABELS:
@@ -181,6 +223,7 @@ class SidecarMetrics:
         for outcome in ("success", "failure"):
             self.warmup_runs.labels(outcome)
         self._request_children: dict[tuple[str, int], Counter] = {}
+        self._tenant_children: dict[tuple[str, int], Counter] = {}
 
     def reject(self, code: str) -> None:
         """Count a refusal under its error code (codes come from errors.py's fixed constructors)."""
@@ -194,6 +237,36 @@ class SidecarMetrics:
         if child is None:
             child = self._request_children[(route, status)] = self.requests.labels(route, str(status))
         child.inc()
+
+    def count_tenant(self, tenant: str, status: int, prompt: int | None, completion: int | None) -> None:
+        child = self._tenant_children.get((tenant, status))
+        if child is None:
+            child = self._tenant_children[(tenant, status)] = self.tenant_requests.labels(tenant, str(status))
+        child.inc()
+        if prompt:
+            self.tenant_tokens.labels(tenant, "prompt").inc(prompt)
+        if completion:
+            self.tenant_tokens.labels(tenant, "completion").inc(completion)
+
+    def tenant_refusal(self, tenant: str, code: str) -> None:
+        self.tenant_refusals.labels(tenant, code).inc()
+
+    def bind_quota_store(self, up: Callable[[], float]) -> None:
+        """The shared quota store's state, read at scrape time (only when one is configured)."""
+        self.quota_store_up.set_function(up)
+        self.registry.register(self.quota_store_up)
+
+    def show_tenants(self, tenants: Tenants) -> None:
+        """The tenants file's limits as gauges, and every tenant's token series from 0 (so that the
+        first request's tokens count in increase()); called at start and on every reload."""
+        self.tenant_limit.clear()
+        for name, spec in tenants.by_name.items():
+            for limit in ("requests_per_minute", "tokens_per_minute", "max_concurrent"):
+                value = getattr(spec, limit)
+                if value:
+                    self.tenant_limit.labels(name, limit).set(value)
+            for kind in ("prompt", "completion"):
+                self.tenant_tokens.labels(name, kind)
 
     def bind_phase(self, current: Callable[[], str]) -> None:
         """The readiness phase, read at scrape time (the one /ready shows: see lifecycle/health.py)."""

@@ -6,17 +6,24 @@ one of the placeholders the example configurations ship (settings.placeholder_ke
 which the engine key at start and the engine launcher use too). Keys configured alongside
 PALMYRA_AUTH_DISABLED=true are still enforced: a contradiction resolves to the safe side.
 
-Keys are hashed once; a presented key is hashed and compared against every stored digest with
-hmac.compare_digest, so neither a prefix of a valid key nor timing reveals anything. The key file
+Keys are hashed once; a presented key is hashed and looked up among the stored digests. The lookup
+compares SHA-256 digests, never keys: a timing difference could only tell an attacker about the
+digest of what it sent, and a prefix of a digest says nothing about a key (finding a key whose
+digest starts a certain way is a preimage search), so neither a prefix of a valid key nor timing
+reveals anything, with one dictionary lookup whatever the number of keys. The key file
 is stat()ed at most once a second from the request path (one clock read per request otherwise);
 a changed file (mtime, size or inode: a Kubernetes secret mount swaps a symlink) is re-read. A new
 file that is unusable is logged and ignored: the previous keys stay in force.
+
+Tenants (tenants/config.py): a key also says whose it is. Keys from PALMYRA_API_KEYS and the key
+file are the tenant `default`'s; the tenants file (PALMYRA_TENANTS_FILE) adds named tenants by
+their keys' digests, and is watched and reloaded the same way (an invalid new file is logged, the
+previous tenants stay). identify() answers the tenant's name, or None for no valid key.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import os
 import time
@@ -24,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from palmyra_serve.settings import KEY_RECIPE, MIN_KEY_CHARS, Settings, engine_key_refusal, placeholder_key, split_keys
+from palmyra_serve.sidecar.tenants import config as tenants_config
+from palmyra_serve.sidecar.tenants.config import DEFAULT_TENANT, Tenants, TenantsFileError
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -76,6 +85,21 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+class _Watched:
+    """A file re-read when its signature changes, checked at most once per RELOAD_EVERY_S."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sig = _signature(path)
+
+    def changed(self) -> bool:
+        sig = _signature(self.path)
+        if sig == self.sig:
+            return False
+        self.sig = sig
+        return True
+
+
 class ApiKeys:
     def __init__(
         self,
@@ -83,58 +107,81 @@ class ApiKeys:
         path: Path | None = None,
         disabled: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        tenants_path: Path | None = None,
     ) -> None:
-        """Raises AuthConfigError when the configuration would start open or with placeholder keys."""
+        """Raises AuthConfigError when the configuration would start open or with placeholder keys,
+        TenantsFileError when the tenants file is unusable."""
         self._env_digests = [_digest(k) for k in validate(list(keys), "PALMYRA_API_KEYS")]
-        self._path = path
+        self._key_file = _Watched(path) if path is not None else None
+        self._tenants_file = _Watched(tenants_path) if tenants_path is not None else None
         self._clock = clock
-        self._sig = _signature(path) if path is not None else None
-        file_keys = read_key_file(path) if path is not None else []
-        self._digests = self._env_digests + [_digest(k) for k in file_keys]
+        self._file_digests = [_digest(k) for k in read_key_file(path)] if path is not None else []
+        self.tenants = tenants_config.read(tenants_path) if tenants_path is not None else tenants_config.NO_TENANTS
+        self.on_tenants: Callable[[Tenants], None] | None = None  # the metrics' view, bound by the app
+        self._index()
         self._next_check = clock() + RELOAD_EVERY_S
         if disabled and self._digests:
             log.warning("PALMYRA_AUTH_DISABLED=true is ignored: API keys are configured and stay required")
         elif not disabled and not self._digests:
             raise AuthConfigError(
-                "no client API key configured: set PALMYRA_API_KEYS or PALMYRA_API_KEYS_FILE, "
-                "or PALMYRA_AUTH_DISABLED=true to serve without authentication"
+                "no client API key configured: set PALMYRA_API_KEYS, PALMYRA_API_KEYS_FILE or "
+                "PALMYRA_TENANTS_FILE, or PALMYRA_AUTH_DISABLED=true to serve without authentication"
             )
         self.enabled = bool(self._digests)
 
+    def _index(self) -> None:
+        """Every stored digest with its tenant (a tenants file cannot claim a plain key: they are
+        `default`'s, which the file's own keys for `default` join)."""
+        plain = dict.fromkeys(self._env_digests + self._file_digests, DEFAULT_TENANT)
+        self._digests = {**self.tenants.by_digest, **plain}
+
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeys:
-        return cls(settings.api_keys, settings.api_keys_file, settings.auth_disabled)
+        return cls(
+            settings.api_keys, settings.api_keys_file, settings.auth_disabled, tenants_path=settings.tenants_file
+        )
 
     def check(self, authorization: bytes | None) -> bool:
         """True when the Authorization header carries a configured key (or auth is disabled)."""
+        return self.identify(authorization) is not None
+
+    def identify(self, authorization: bytes | None) -> str | None:
+        """The tenant whose key the Authorization header carries (`default` when auth is disabled);
+        None for a missing or unknown key."""
         if not self.enabled:
-            return True
-        if self._path is not None:
+            return DEFAULT_TENANT
+        if self._key_file is not None or self._tenants_file is not None:
             now = self._clock()
             if now >= self._next_check:
                 self._next_check = now + RELOAD_EVERY_S
                 self._maybe_reload()
         if not authorization or authorization[:7].lower() != b"bearer ":
-            return False
-        digest = hashlib.sha256(authorization[7:].strip()).digest()
-        ok = False
-        for stored in self._digests:
-            ok |= hmac.compare_digest(digest, stored)  # no early exit: same work for every key
-        return ok
+            return None
+        return self._digests.get(hashlib.sha256(authorization[7:].strip()).digest())
 
     def _maybe_reload(self) -> None:
-        assert self._path is not None
-        sig = _signature(self._path)
-        if sig == self._sig:
-            return
-        self._sig = sig
-        try:
-            keys = read_key_file(self._path)
-        except AuthConfigError as exc:
-            log.error(
-                "API key file changed but is unusable; the previous keys stay in force",
-                extra={"fields": {"error": str(exc)}},
-            )
-            return
-        self._digests = self._env_digests + [_digest(k) for k in keys]
-        log.info("API keys reloaded", extra={"fields": {"keys": len(self._digests)}})
+        if self._key_file is not None and self._key_file.changed():
+            try:
+                self._file_digests = [_digest(k) for k in read_key_file(self._key_file.path)]
+            except AuthConfigError as exc:
+                log.error(
+                    "API key file changed but is unusable; the previous keys stay in force",
+                    extra={"fields": {"error": str(exc)}},
+                )
+            else:
+                self._index()
+                log.info("API keys reloaded", extra={"fields": {"keys": len(self._digests)}})
+        if self._tenants_file is not None and self._tenants_file.changed():
+            try:
+                tenants: Tenants = tenants_config.read(self._tenants_file.path)
+            except TenantsFileError as exc:
+                log.error(
+                    "tenants file changed but is unusable; the previous tenants stay in force",
+                    extra={"fields": {"error": str(exc)}},
+                )
+            else:
+                self.tenants = tenants
+                self._index()
+                if self.on_tenants is not None:
+                    self.on_tenants(tenants)
+                log.info("tenants reloaded", extra={"fields": {"tenants": len(tenants.by_name)}})

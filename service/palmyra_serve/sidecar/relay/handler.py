@@ -13,6 +13,7 @@ that closes the engine connection, which makes vLLM abort the generation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ import orjson
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import Admission, AdmissionControl, Draining, Refused, Ticket
+from palmyra_serve.sidecar.admission.fair_queue import Share
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
 from palmyra_serve.sidecar.lifecycle.health import HealthState
@@ -35,7 +37,11 @@ from palmyra_serve.sidecar.relay.cost import check as check_cost
 from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
+from palmyra_serve.sidecar.relay.usage_event import UsageEventFilter
 from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
+from palmyra_serve.sidecar.tenants import reservation
+from palmyra_serve.sidecar.tenants.config import TenantSpec
+from palmyra_serve.sidecar.tenants.quota import Quotas, Reservation
 from palmyra_serve.sidecar.upstream.failures import UpstreamError
 from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse
 
@@ -94,6 +100,7 @@ class Relay:
         admission: AdmissionControl,
         keys: ApiKeys,
         health: HealthState,
+        quotas: Quotas | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -106,6 +113,7 @@ class Relay:
             settings.retry_after_s,
         )
         self.keys = keys
+        self.quotas = quotas if quotas is not None else Quotas()
         self.health = health
         self.engine_auth = f"Bearer {settings.engine_api_key}".encode() if settings.engine_api_key else None
         self.pool: EnginePool | None = None  # set by the app's lifespan
@@ -149,10 +157,16 @@ class Relay:
         status = 500
         held = 0
         body_read = False
+        tenant: TenantSpec | None = None
+        taken: Reservation | None = None
+        demand: reservation.Demand | None = None
         try:
             # The key first: without one, nothing about the routes is revealed (no 404 or 405).
-            if not self.keys.check(auth):
+            name = self.keys.identify(auth)
+            if name is None:
                 raise _reject(self.metrics, errors.unauthorized())
+            tenant = self.keys.tenants.spec(name)
+            record.tenant = name
             mark_authenticated(scope)  # its connection is no longer anonymous (edge/protocol.py)
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
@@ -164,11 +178,23 @@ class Relay:
             body_read = True
             held = len(body)
             if entry.generates and body:
-                self._check_cost(body, entry)
-            status = await self._admitted_relay(scope, receive, send, entry, body, fwd, rid, record, t0)
+                body, demand = self._inspect(body, entry, tenant, record)
+            if self.quotas.limited(tenant):
+                verdict = await self.quotas.admit(tenant, demand.tokens if demand is not None else 0)
+                record.ratelimit_headers = verdict.headers
+                if verdict.reservation is None:
+                    assert verdict.refusal is not None
+                    raise _reject(self.metrics, verdict.refusal)
+                taken = verdict.reservation
+            share = self.keys.tenants.share(name)
+            status = await self._admitted_relay(scope, receive, send, entry, body, fwd, rid, record, t0, share)
         except errors.ApiError as exc:
             status = exc.status
             record.error = exc.code
+            if tenant is not None:
+                self.metrics.tenant_refusal(tenant.name, exc.code)
+            if record.ratelimit_headers:
+                exc = dataclasses.replace(exc, extra_headers=tuple(record.ratelimit_headers))
             # Answered before its body was read: the connection ends after this response (the
             # front end lingers and discards the rest), and the client must be told so, or it
             # sends its next request into a closing connection (when closing, it was said already).
@@ -191,6 +217,11 @@ class Relay:
             record.status = status
             record.duration_s = took
             self.access_log.write(time.time(), record.log_fields())
+            if tenant is not None:
+                self.metrics.count_tenant(tenant.name, status, record.prompt_tokens, record.completion_tokens)
+            if taken is not None:
+                self.quotas.release(taken)
+                await self.quotas.settle(taken, tokens_spent(record, demand))
 
     async def _admitted_relay(
         self,
@@ -203,6 +234,7 @@ class Relay:
         rid: str,
         record: RequestRecord,
         t0: float,
+        share: Share,
     ) -> int:
         """Admission, then the relay, with the client's going away heard throughout: a queued
         request whose client left gives its queue place up at once, and a relayed one is cancelled
@@ -217,7 +249,7 @@ class Relay:
         hook.on_disconnect = gone.cancel_relay
         try:
             gate = self._gate_of(entry)
-            ticket = await self._admit(gate, record) if gate is not None else None
+            ticket = await self._admit(gate, record, share) if gate is not None else None
             relayed = False
             try:
                 record.status = await self._relay(scope, send, entry.label, body, fwd, rid, record, t0, ticket, hook)
@@ -260,10 +292,10 @@ class Relay:
             return self.tokenize_gate
         return self.admission if self.gate_all else None
 
-    async def _admit(self, gate: AdmissionControl, record: RequestRecord) -> Ticket:
+    async def _admit(self, gate: AdmissionControl, record: RequestRecord, share: Share) -> Ticket:
         """A slot in the engine, or the refusal: 429 with its reason and Retry-After, 503 when draining."""
         try:
-            ticket = await gate.acquire()
+            ticket = await gate.acquire(share)
         except Refused as exc:
             raise _reject(self.metrics, errors.overloaded(exc.reason, exc.retry_after_s)) from None
         except Draining:
@@ -325,8 +357,14 @@ class Relay:
         for task in self._uploads:
             task.cancel()
 
-    def _check_cost(self, body: bytes, entry: Route) -> None:
-        """The parsed body lives only inside this call: it is dropped before the request waits."""
+    def _inspect(
+        self, body: bytes, entry: Route, tenant: TenantSpec, record: RequestRecord
+    ) -> tuple[bytes, reservation.Demand | None]:
+        """A generation's cost checked (relay/cost.py); for a tenant with a tokens limit, the tokens
+        it reserves, and, for its stream, the engine asked for the usage report the settlement
+        needs (record.strip_usage: the relay removes it again); with priority scheduling, the
+        tenant's priority set. The parsed body lives only inside this call: it is dropped before
+        the request waits; a body is re-encoded only when something in it had to change."""
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -335,6 +373,18 @@ class Relay:
             check_cost(payload, self.cost_limits, entry.chat)
         except errors.ApiError as exc:
             raise _reject(self.metrics, exc) from None
+        demand = None
+        changed = False
+        if tenant.tokens_per_minute:
+            demand = reservation.demand(payload, entry.chat, self.settings.quota_reserve_tokens)
+            if reservation.streams(payload) and not reservation.wants_usage(payload):
+                options = payload.get("stream_options")
+                payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                record.strip_usage = changed = True
+        if self.settings.priority_scheduling and payload.get("priority") != tenant.priority:
+            payload["priority"] = tenant.priority
+            changed = True
+        return (orjson.dumps(payload) if changed else body), demand
 
     async def _relay(
         self,
@@ -412,7 +462,9 @@ class Relay:
             )
         answer = errors.from_engine(resp.status, body, resp.reason or "error", rid)
         headers = [
-            (k, v) for k, v in _response_headers(resp, rid) if k.lower() not in (b"content-length", b"content-type")
+            (k, v)
+            for k, v in _response_headers(resp, rid, record)
+            if k.lower() not in (b"content-length", b"content-type")
         ]
         headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
@@ -430,7 +482,7 @@ class Relay:
         ticket: Ticket | None,
         pacing: _Pacing,
     ) -> int:
-        headers = _response_headers(resp, rid)
+        headers = _response_headers(resp, rid, record)
         ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
         counted = resp.status == 200 and route in GENERATION_ROUTES
@@ -442,6 +494,8 @@ class Relay:
         reported_first = False
         # JSON bodies of generations: watched for their usage report, never kept.
         usage = UsageScanner() if counted and not sse and ctype.startswith("application/json") else None
+        # The usage event the relay asked for on the client's behalf, taken out again.
+        strip = UsageEventFilter() if record.strip_usage and sse else None
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         first = 0.0
         try:
@@ -463,12 +517,17 @@ class Relay:
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
+                if strip is not None:
+                    chunk = strip.feed(chunk)
                 if resp.finished:  # the engine's last bytes: the response's end goes in the same write
-                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    tail = strip.flush() if strip is not None else b""
+                    await send({"type": "http.response.body", "body": chunk + tail, "more_body": False})
                     break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             else:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                tail = strip.flush() if strip is not None else b""
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
         except UpstreamError as exc:
             record.engine_failed = True
             failure = self._upstream_failed(exc, record)
@@ -482,6 +541,9 @@ class Relay:
             # got; the access log says it was cut.
             record.truncated = True
             return resp.status
+        finally:
+            if account is not None:
+                record.tokens_seen = account.tokens_so_far()  # what a stream cut short still cost
         self._account(route, resp.status, first, t0, account, usage, record, pacing)
         return resp.status
 
@@ -538,11 +600,28 @@ class Relay:
             record.prompt_tokens = prompt
 
 
-def _response_headers(resp: EngineResponse, rid: str) -> list[tuple[bytes, bytes]]:
-    """The engine's headers on the allow-list (RELAYED_RESPONSE), plus our request id."""
+def _response_headers(resp: EngineResponse, rid: str, record: RequestRecord) -> list[tuple[bytes, bytes]]:
+    """The engine's headers on the allow-list (RELAYED_RESPONSE), plus our request id and the
+    tenant's x-ratelimit-* (when it has limits)."""
     headers = [(k, v) for k, v in resp.raw_headers if k.lower() in RELAYED_RESPONSE]
     headers.append((b"x-request-id", rid.encode()))
+    if record.ratelimit_headers:
+        headers += record.ratelimit_headers
     return headers
+
+
+def tokens_spent(record: RequestRecord, demand: reservation.Demand | None) -> int:
+    """What a request cost its tenant's tokens per minute: the engine's usage when it reported
+    it; for a stream cut short, the estimated prompt and the tokens relayed; nothing for a request
+    the engine refused or never got."""
+    if demand is None or not record.sent_at:
+        return 0
+    if record.completion_tokens is not None:
+        prompt = record.prompt_tokens if record.prompt_tokens is not None else demand.prompt_tokens
+        return prompt + record.completion_tokens
+    if record.tokens_seen:
+        return demand.prompt_tokens + record.tokens_seen
+    return 0
 
 
 def _closing_connection(send: Any) -> Any:

@@ -28,6 +28,7 @@ ACCESS_LOG_KEYS: dict[str, str] = {
     "itl_ms": "a generation's mean gap per token, streamed or not",
     "client_paced": "that gap was set by the client's reading, not by the engine",
     "engine_error_event": "the engine ended the stream with an error event of its own",
+    "tenant": "the tenant whose key the request carried (`default` for the plain keys)",
     "completion_tokens": "tokens generated, as the engine counted them",
     "prompt_tokens": "prompt tokens, as the engine counted them",
     "truncated": "the answer was cut short: the engine failed after its status line was sent",
@@ -60,6 +61,13 @@ class RequestRecord:
     truncated: bool = False
     engine_error_event: bool = False
     client_disconnected: bool = False
+    tenant: str | None = None
+    # Not logged: the tenant's x-ratelimit-* headers, sent with whatever answer the request gets.
+    ratelimit_headers: list[tuple[bytes, bytes]] | None = None
+    # Not logged: the relay asked the engine for a stream's usage on the client's behalf and
+    # removes that event (relay/usage_event.py).
+    strip_usage: bool = False
+    tokens_seen: int = 0  # token events relayed (a stream cut short is charged these)
     # Not logged: the engine failed this request (a cut stream, an error event). Admission then
     # learns nothing from it: failures are health's to judge, never a reason to lower the limit.
     engine_failed: bool = False
@@ -92,6 +100,8 @@ class RequestRecord:
                 fields["client_paced"] = True
         if self.engine_error_event:
             fields["engine_error_event"] = True
+        if self.tenant is not None:
+            fields["tenant"] = self.tenant
         if self.completion_tokens is not None:
             fields["completion_tokens"] = self.completion_tokens
         if self.prompt_tokens is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -152,8 +153,30 @@ class EngineMetricsCache:
                 hook.abort()  # a reader slower than the page changes: its copy is let go
 
 
-def engine_fetch(engine: EngineClient) -> Callable[[], Awaitable[Fetched]]:
-    """The engine's page, read into one buffer that becomes the copy served: no pieces to join."""
+# The engine's queue gauge as vLLM writes it, with or without labels (model_name, engine).
+WAITING = re.compile(rb"^vllm:num_requests_waiting(?:\{[^}\n]*\})? ([^ \n]+)", re.MULTILINE)
+
+
+def add_sidecar_queue(body: bytearray, queued: int) -> None:
+    """Count the requests waiting in the sidecar's admission queue in the engine's own queue gauge,
+    in place (no second copy of the page): the endpoint picker scores replicas on
+    vllm:num_requests_waiting, and under adaptive admission a busy replica's queue is here, not in
+    the engine. The first series is the one changed (one engine per pod)."""
+    match = WAITING.search(body)
+    if match is None:
+        return
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        return
+    body[match.start(1) : match.end(1)] = repr(value + queued).encode()
+
+
+def engine_fetch(
+    engine: EngineClient, sidecar_queued: Callable[[], int] | None = None
+) -> Callable[[], Awaitable[Fetched]]:
+    """The engine's page, read into one buffer that becomes the copy served: no pieces to join;
+    with `sidecar_queued`, the sidecar's queue added to the engine's (add_sidecar_queue)."""
     url = f"{engine.base_url}/metrics"
     headers = {**engine.headers, **ASKED}
 
@@ -165,6 +188,8 @@ def engine_fetch(engine: EngineClient) -> Callable[[], Awaitable[Fetched]]:
                     if len(body) + len(chunk) > MAX_PAGE_BYTES:
                         raise PageTooLarge(f"the engine's /metrics page exceeds {MAX_PAGE_BYTES} bytes")
                     body += chunk
+                if sidecar_queued is not None and resp.status == 200 and (queued := sidecar_queued()) > 0:
+                    add_sidecar_queue(body, queued)
                 return Fetched(
                     resp.status,
                     resp.headers.get("Content-Type", "text/plain"),

@@ -1,0 +1,68 @@
+"""Removes the engine's usage report from a stream whose client did not ask for it.
+
+A tenant with a tokens-per-minute limit needs every stream's real usage, which vLLM sends only when
+the request sets stream_options.include_usage: one extra event, `choices: []` with a `usage`
+object, just before `[DONE]`. The relay asks for it on the client's behalf (tenants/reservation.py)
+and takes that event out here, so the client gets exactly the events it would have got. vLLM 0.18
+(the Ascend image's) also writes `"usage":null` into every other event of such a stream; that
+member is taken out too. Both are safe to find by their bytes: inside a JSON string every quote is
+escaped, so generated text cannot contain `"choices":[]` or `,"usage":null` unescaped.
+
+Cost: reads pass through unchanged unless they hold the bytes `"choices":[]` (vLLM's compact JSON),
+which only that event carries; a read that ends inside an event is held until the event's end
+(vLLM writes whole events, so in practice nothing waits). A stream without the blank-line event
+separator is passed through once MAX_HELD bytes would be held, never buffered whole.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+EMPTY_CHOICES = b'"choices":[]'
+NULL_USAGE = b',"usage":null'
+MAX_HELD = 64 * 1024
+
+
+def _usage_only(event: bytes) -> bool:
+    if not event.startswith(b"data: {") or EMPTY_CHOICES not in event:
+        return False
+    try:
+        payload = orjson.loads(event[6:])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
+
+
+class UsageEventFilter:
+    __slots__ = ("_held", "removed")
+
+    def __init__(self) -> None:
+        self._held = b""
+        self.removed = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of `chunk` (after any held ones) to send now."""
+        data = self._held + chunk if self._held else chunk
+        self._held = b""
+        end = data.rfind(b"\n\n") + 2
+        if end < 2:
+            if len(data) > MAX_HELD:
+                return data
+            self._held = data
+            return b""
+        if end < len(data):
+            self._held = data[end:]
+            data = data[:end]
+        if NULL_USAGE in data:
+            data = data.replace(NULL_USAGE, b"")
+        if EMPTY_CHOICES not in data:
+            return data
+        events = data[:-2].split(b"\n\n")
+        kept = [e for e in events if not _usage_only(e)]
+        self.removed += len(events) - len(kept)
+        return b"".join(e + b"\n\n" for e in kept)
+
+    def flush(self) -> bytes:
+        """What is still held when the stream ends (an event the engine never finished)."""
+        held, self._held = self._held, b""
+        return held

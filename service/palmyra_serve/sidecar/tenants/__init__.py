@@ -1,0 +1,1 @@
+"""Tenants: who a key belongs to, what that tenant may use, and how much it used."""
