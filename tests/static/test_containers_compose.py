@@ -602,7 +602,7 @@ def test_palmyra_env_names_are_settings() -> None:
 
 
 def test_third_party_images_pinned(services: dict[str, Any]) -> None:
-    for name in ("prometheus", "grafana", "npu-exporter"):
+    for name in ("prometheus", "grafana", "npu-exporter", "quota-redis"):
         image = services[name]["image"].split(":-")[-1].rstrip("}")
         tag = image.rsplit(":", 1)[-1]
         assert ":" in image and tag != "latest" and re.search(r"\d", tag), f"{name}: {image}"

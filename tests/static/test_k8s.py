@@ -141,6 +141,9 @@ TARGETS = (
         ("cpu", ("components/autoscaling-keda",)),
         ("cpu", ("components/shared-model-volume", "components/no-download-egress")),
         ("cpu", ("monitoring",)),
+        # Tenants' quotas through a Redis (core APIs only; test_tenants_deploy.py checks the rest).
+        ("cpu", ("components/tenants",)),
+        ("cpu", ("components/tenants", "components/tenants/tls")),
     ]
 )
 TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps in TARGETS]
