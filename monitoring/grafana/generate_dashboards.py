@@ -453,6 +453,73 @@ def service() -> dict:
                     ),
                 ],
             ),
+            (
+                # Tenants come from the tenants file (plus `default`): the series are bounded by it.
+                # Limits live in that file, not in metrics: headroom shows as tokens per minute
+                # against each tenant's tokens_per_minute, and as quota refusals.
+                "Tenants",
+                [
+                    panel(
+                        "Tokens per minute by tenant",
+                        [target(f"sum by (tenant) ({rate('palmyra_tenant_tokens_total', s)}) * 60", "{{tenant}}")],
+                        desc="Prompt + completion tokens per minute, as the engine counted them, over the replicas "
+                        "shown: compare with each tenant's tokens_per_minute in the tenants file.",
+                    ),
+                    panel(
+                        "Requests by tenant and status class",
+                        [
+                            target(
+                                f"sum by (tenant) ({rate('palmyra_tenant_requests_total', s + cls)})",
+                                "{{tenant}} " + name,
+                            )
+                            for name, cls in (
+                                ("2xx", ', status=~"2.."'),
+                                ("4xx", ', status=~"4.."'),
+                                ("5xx", ', status=~"5.."'),
+                            )
+                        ],
+                        unit="reqps",
+                        desc="Requests that passed the key check, by tenant (keys outside the tenants file are "
+                        "`default`) and the status they ended with; 4xx includes the quota and admission refusals.",
+                    ),
+                    panel(
+                        "Refusals by tenant and reason",
+                        [
+                            target(
+                                f"sum by (tenant, reason) ({rate('palmyra_tenant_refusals_total', s)})",
+                                "{{tenant}} {{reason}}",
+                            )
+                        ],
+                        unit="reqps",
+                        desc="Quota: rate_limit_requests, rate_limit_tokens, tenant_concurrency (the tenant is at its "
+                        "limits). Overload: queue_full, queue_timeout, slo_unreachable (the service is at capacity). "
+                        "Any other reason is the request's own fault.",
+                    ),
+                    panel(
+                        "Quota store",
+                        [target(f"palmyra_quota_store_up{{{s}}}", "{{instance}}")],
+                        kind="state-timeline",
+                        w=12,
+                        desc="Shared: the replicas count every tenant limit together in Redis. Local share: Redis "
+                        "does not answer, this replica enforces limit / PALMYRA_QUOTA_REPLICAS alone. "
+                        "Only replicas with a shared store configured.",
+                        mappings=bool_map("shared", "local share"),
+                    ),
+                    panel(
+                        "Quota store errors",
+                        [
+                            target(
+                                f"sum by (instance) ({rate('palmyra_quota_store_errors_total', s)})",
+                                "{{instance}}",
+                            )
+                        ],
+                        unit="ops",
+                        w=12,
+                        desc="Quota calls to Redis that failed or timed out; each one puts the replica on its "
+                        "local share for at least a second.",
+                    ),
+                ],
+            ),
         ],
     )
 

@@ -42,6 +42,7 @@ EXPECTED_ALERTS = {
     "PalmyraOverloadRejections",
     "PalmyraNPUUnhealthy",
     "PalmyraSidecarFaults",
+    "PalmyraQuotaStoreDown",
 }
 # vLLM renamed these; a dashboard may join old and new name with `or` (no data is invented).
 RENAMED = [
@@ -73,6 +74,11 @@ REQUIRED_METRICS = {
         "palmyra_canary_failures_total",
         "palmyra_startup_phase_seconds",
         "palmyra_stand_in_weights",
+        "palmyra_tenant_tokens_total",
+        "palmyra_tenant_requests_total",
+        "palmyra_tenant_refusals_total",
+        "palmyra_quota_store_up",
+        "palmyra_quota_store_errors_total",
     ],
     "palmyra-engine.json": [
         "vllm:num_requests_running",
@@ -208,6 +214,26 @@ def test_slo_constants_agree_between_rules_and_dashboard():
         constant = vector.group(1)
         assert variables[var]["type"] in {"textbox", "constant"}
         assert float(variables[var]["query"]) == float(constant), var
+
+
+TENANT_TOKENS = "job_tenant_kind:palmyra_tenant_tokens:increase1h"
+
+
+def test_tenant_tokens_month_query_is_the_one_the_unit_tests_check():
+    """The README's "tokens per tenant over a month" queries are the ones promtool checks against
+    known totals, with three hours standing in for the month (the subquery's 1h step included:
+    without it the overlapping hourly windows are summed once per evaluation)."""
+    readme = (MON / "README.md").read_text(encoding="utf-8")
+    documented = re.findall(r"```promql\n(.+?)\n```", readme, flags=re.S)
+    tested = {t["expr"] for case in _yaml(UNIT_TESTS)["tests"] for t in case.get("promql_expr_test", [])}
+    month = [q for q in documented if "[30d" in q]
+    assert len(month) == 2 and any(TENANT_TOKENS + "[30d:1h]" in q for q in month), documented
+    for query in month:
+        assert query.replace("[30d", "[3h") in tested, f"not checked by {UNIT_TESTS.name}: {query}"
+    # evaluated like every other group: an interval of its own over the 5-minute lookback (1h, say)
+    # would leave most of the subquery's hourly steps without a sample
+    group = next(g for g in _yaml(RULES)["groups"] if any(r.get("record") == TENANT_TOKENS for r in g["rules"]))
+    assert "interval" not in group
 
 
 # ----------------------------------------------------------------------------------- Grafana
