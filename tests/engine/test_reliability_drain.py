@@ -95,7 +95,9 @@ def test_sigterm_lets_every_in_flight_stream_finish_then_exits_zero(engine_serve
             exit_after_s=round(exit_s, 2),
             grace_s=DRAIN_TIMEOUT_S,
         )
-        assert in_flight_at_term == STREAMS, f"the test must stop the sidecar while every stream is running: {ended_before_term}"
+        assert in_flight_at_term == STREAMS, (
+            f"the test must stop the sidecar while every stream is running: {ended_before_term}"
+        )
         assert in_flight_at_refusal > 0, "the 503 must be seen while streams are still being served"
         assert len(completed) == STREAMS, [(t.result.tokens, t.result.error, t.result.events[-1:]) for t in streams]
         assert code == 0
