@@ -138,42 +138,115 @@ def test_the_fair_queue_serves_each_tenant_in_order_and_by_weight(weights, backl
 
 @settings(max_examples=300, deadline=None)
 @given(
-    heavy_queue=st.integers(0, 200),
+    heavy_backlog=st.integers(0, 200),
+    served=st.integers(0, 50),
     heavy_weight=st.sampled_from([0.5, 1.0, 4.0]),
     light_weight=st.sampled_from([0.5, 1.0, 4.0]),
     service_s=st.floats(0.05, 20.0),
     limit=st.integers(1, 64),
 )
-def test_a_light_tenant_is_judged_by_its_own_share_whatever_the_heavy_queue(
-    heavy_queue, heavy_weight, light_weight, service_s, limit
+def test_a_light_tenant_is_judged_by_its_place_in_the_fair_queue_not_the_heavy_backlog(
+    heavy_backlog, served, heavy_weight, light_weight, service_s, limit
 ) -> None:
+    heavy = Share("heavy", heavy_weight, 0.5)
+    light = Share("light", light_weight, 0.5)
+    queue: FairQueue[int] = FairQueue()
+    for i in range(heavy_backlog):
+        queue.push(heavy, i)
+    for _ in range(min(served, heavy_backlog)):
+        queue.pop()
+    waiting = len(queue)
+    # The fair queue's own answer: a tenant with nothing waiting is served next (before anything
+    # was served, after the one head whose tag ties with it); the heavy one waits behind its own
+    # backlog, whoever else is there.
+    ahead = queue.ahead_of(light)
+    assert ahead == (1 if waiting and not served else 0)
+    assert queue.ahead_of(heavy) == waiting
+    # ... which is what the queue then does.
+    queue.push(light, -1)
+    assert [queue.pop() for _ in range(ahead + 1)][-1] == -1
+
     clock = FakeClock(100.0)
     config = LimitConfig(min_limit=limit, initial_limit=limit, max_queue=1000, queue_headroom=0.1)
     gate = ConcurrencyGate(config, limit, clock)
     tickets = [gate.arrive().ticket for _ in range(limit)]  # the engine full
     clock.now += service_s
-    for ticket in tickets[:1]:  # one measured request: the service rate is known
-        assert ticket is not None
-        gate.finish(ticket, None, "ok")
-    refill = gate.arrive()
-    assert refill.action == "admit"
-    light = Share("light", light_weight, 0.5)
-    gate._weights["heavy"] = heavy_weight  # the heavy tenant's queue, as arrivals would have left it
-    gate.queued_by["heavy"] = heavy_queue
-    gate.queued = heavy_queue
-    if not heavy_queue:
-        gate._weights.clear()
-        gate.queued_by.clear()
+    assert tickets[0] is not None
+    gate.finish(tickets[0], None, "ok")  # one measured request: the service rate is known
+    assert gate.arrive().action == "admit"
+    for _ in range(waiting):  # the heavy backlog in the gate's counts
+        gate.queued += 1
+        gate.queued_by["heavy"] = gate.queued_by.get("heavy", 0) + 1
     mu = gate.service_rate()
     assert mu is not None and mu > 0
-    others = heavy_weight if heavy_queue else 0.0
-    expected = (others + light_weight) / (mu * light_weight)
-    assert math.isclose(gate.expected_wait_s(1, light), expected, rel_tol=1e-9)
-    decision = gate.arrive(light)
-    if expected > gate.max_queue_wait_s():
+    assert math.isclose(gate.wait_of(light, 0), 1 / mu, rel_tol=1e-9)  # whatever the backlog
+    decision = gate.arrive(light, 0)
+    if 1 / mu > gate.max_queue_wait_s():
         assert decision.action == "refuse" and decision.reason == SLO_UNREACHABLE
     else:
         assert decision.action == "queue"
-        assert gate.queued_by["light"] == 1 and gate.queued == heavy_queue + 1
+        assert gate.queued_by["light"] == 1 and gate.queued == waiting + 1
         gate.leave_queue("light")
-        assert "light" not in gate.queued_by and gate.queued == heavy_queue
+        assert "light" not in gate.queued_by and gate.queued == waiting
+    # Without a position, the fluid estimate: its part of the rate by weight.
+    others = heavy_weight if waiting else 0.0
+    gate._weights.update({"heavy": heavy_weight} if waiting else {})
+    assert math.isclose(gate.wait_of(light, None), (others + light_weight) / (mu * light_weight), rel_tol=1e-9)
+
+
+tenant_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.integers(0, 2)),
+        st.tuples(st.just("finish"), st.integers(0, 1000)),
+        st.tuples(st.just("dispatch"), st.just(0)),
+        st.tuples(st.just("leave"), st.integers(0, 2)),
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    limit=st.integers(1, 16),
+    headroom=st.integers(0, 16),
+    weights=st.tuples(st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([0.5, 1.0, 3.0])),
+    ops=tenant_ops,
+    one_tenant=st.booleans(),
+)
+def test_slots_are_shared_by_weight_within_the_ceiling(limit, headroom, weights, ops, one_tenant) -> None:
+    """Counts stay consistent per tenant; in flight never passes the engine's ceiling, and with one
+    tenant never the limit (nothing borrowed); a tenant below its share with no waiter of its own
+    is never made to wait while the ceiling allows."""
+    clock = FakeClock(0.0)
+    config = LimitConfig(min_limit=limit, initial_limit=limit, max_queue=64)
+    ceiling = limit + headroom
+    gate = ConcurrencyGate(config, ceiling, clock)
+    gate.limiter.set_ceiling(ceiling, limit)
+    shares = [Share("a", weights[0], 0.5), Share("b", weights[1], 0.5), Share("c", 1.0, 0.5)]
+    if one_tenant:
+        shares = [shares[0]] * 3
+    tickets = []
+    for op, n in ops:
+        clock.now += 0.01
+        if op == "arrive":
+            share = shares[n]
+            entitled = not gate.queued_by.get(share.tenant) and gate.below_share(share) and gate.in_flight < ceiling
+            free = gate.queued == 0 and gate.can_dispatch()
+            d = gate.arrive(share, None)
+            if d.action == "admit":
+                assert d.ticket is not None and d.ticket.tenant == share.tenant
+                tickets.append(d.ticket)
+            elif entitled or free:
+                raise AssertionError(f"{share.tenant} was entitled to a slot: {d}")
+        elif op == "finish" and tickets:
+            gate.finish(tickets.pop(n % len(tickets)), 0.1, "ok")
+        elif op == "dispatch" and gate.queued and gate.can_dispatch():
+            tenant = next(iter(gate.queued_by))
+            tickets.append(gate.dispatch(clock.now, tenant))
+        elif op == "leave" and gate.queued_by.get(shares[n].tenant):
+            gate.leave_queue(shares[n].tenant)
+        assert gate.in_flight == sum(gate.in_flight_by.values()) == len(tickets)
+        assert gate.queued == sum(gate.queued_by.values())
+        assert gate.in_flight <= ceiling
+        if one_tenant:
+            assert gate.in_flight <= gate.limit

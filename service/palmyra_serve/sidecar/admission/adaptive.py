@@ -69,10 +69,10 @@ class AdaptiveAdmission(Drainable):
             raise Draining
         gate = self.gate
         try:
-            decision = gate.arrive(share)
+            decision = gate.arrive(share, self._waiters.ahead_of(share))
         except Exception as exc:  # the queue policy's arithmetic failed: admit within the limit, or refuse
             self._fault(exc)
-            decision = gate.arrive_plain()
+            decision = gate.arrive_plain(share)
         if decision.action == "admit":
             assert decision.ticket is not None
             self._idle.clear()

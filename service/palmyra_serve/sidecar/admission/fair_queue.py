@@ -60,6 +60,20 @@ class FairQueue(Generic[T]):
     def waiting_tenants(self) -> Iterator[str]:
         return (tenant for tenant, queue in self._queues.items() if queue)
 
+    def ahead_of(self, share: Share) -> int:
+        """How many waiters a request of `share`'s tenant arriving now would have ahead of it: those
+        whose start tag is not after the one it would get. Each tenant's tags only grow along its
+        queue, so the scan of a tenant stops at its first later tag: a backlogged tenant whose turn
+        is not yet costs one comparison."""
+        start = max(self._vtime, self._finish.get(share.tenant, 0.0))
+        ahead = 0
+        for queue in self._queues.values():
+            for tag, _, _ in queue:
+                if tag > start:
+                    break
+                ahead += 1
+        return ahead
+
     def push(self, share: Share, item: T) -> None:
         start = max(self._vtime, self._finish.get(share.tenant, 0.0))
         self._finish[share.tenant] = start + 1.0 / share.weight

@@ -55,11 +55,21 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   admission/control.py's Admission, which has none of this arithmetic to run.
 
 The queue is shared between tenants by weight (admission/fair_queue.py serves it), so a request is
-judged by the wait it will have under fair share, not behind the whole queue: for a request of
-tenant t with weight w_t, the tenants waiting now (t included) share mu in proportion to their
-weights, so t's part is mu_t = mu x w_t / W (W: the sum of their weights) and its expected wait is
-(queued_t + 1) / mu_t. With one tenant that is the whole queue's (queued + 1) / mu. Each tenant may
-hold at most its share of max_queue (Share.queue_cap), so no tenant's backlog fills the others' part.
+judged by the wait it will have under fair share, not behind the whole queue: its position is the
+number of waiters the fair queue would serve before it (FairQueue.ahead_of, which the caller passes
+as `ahead`), and its expected wait (ahead + 1) / mu. A tenant with nothing waiting comes next, or
+nearly, however long another tenant's backlog is; with one tenant, ahead is the whole queue. Where
+no position is given, the fluid estimate stands in: the tenants waiting (t included) share mu by
+weight, t's part mu x w_t / W, so (queued_t + 1) x W / (mu x w_t). Each tenant may hold at most its
+share of max_queue (Share.queue_cap), so no tenant's backlog fills the others' part.
+
+Slots are shared too. Under overload the queue's wait budget can be near zero (the engine's TTFT
+uses the whole SLO), and then whoever arrives when a slot frees takes it: the tenant that sends the
+most. So a request of a tenant below its fair share of the limit, limit x w_t / W (W: the weights
+of the tenants with requests in flight or waiting, t included), with no waiter of its own, is
+admitted at once even when no slot is free, up to the engine's ceiling; the slot it borrows is
+repaid by the next one freed, which no waiter gets while in flight exceeds the limit. With one
+tenant its share is the whole limit: nothing changes.
 
 The queue: a request that finds no free slot may wait at most what the TTFT SLO (less a headroom,
 `queue_headroom` of it) leaves after the expected engine TTFT:
@@ -147,6 +157,7 @@ class Ticket:
     # current limit costs. Growth is earned only on such samples: right after a raise the batch
     # fills over a second or more, and early streams of a half-filled batch look fast.
     full: bool = True
+    tenant: str = DEFAULT_SHARE.tenant  # whose slot it is (the gate counts slots per tenant)
 
 
 @dataclass(frozen=True)
@@ -313,6 +324,8 @@ class ConcurrencyGate:
         self.queued = 0
         self.queued_by: dict[str, int] = {}  # waiting requests per tenant (no entry at 0)
         self._weights: dict[str, float] = {}  # the weight of each tenant with waiting requests
+        self.in_flight_by: dict[str, int] = {}  # slots held per tenant (no entry at 0)
+        self._active: dict[str, float] = {}  # the weight of each tenant with requests in flight or waiting
         self._srtt: float | None = None  # smoothed engine TTFT
         self._rttvar = 0.0
         self._service_s: float | None = None  # smoothed dispatch -> finish of measured requests
@@ -357,60 +370,91 @@ class ConcurrencyGate:
         others = sum(w for tenant, w in self._weights.items() if tenant != share.tenant)
         return position * (others + share.weight) / (mu * share.weight)
 
-    def retry_after_s(self, share: Share = DEFAULT_SHARE) -> int:
+    def wait_of(self, share: Share, ahead: int | None) -> float:
+        """The expected queue wait of a newcomer of `share`'s tenant: behind `ahead` waiters, or by
+        the fluid estimate when no position is known."""
+        if ahead is not None:
+            return self.expected_wait_s(ahead + 1)
+        return self.expected_wait_s(self.queued_by.get(share.tenant, 0) + 1, share)
+
+    def retry_after_s(self, share: Share = DEFAULT_SHARE, ahead: int | None = None) -> int:
         """Seconds until a newcomer of `share`'s tenant would be admissible again if nothing else
-        arrived: its expected wait for one more, minus what the SLO allows, at least 1."""
-        position = self.queued_by.get(share.tenant, 0) + 1
-        excess = self.expected_wait_s(position, share) - self.max_queue_wait_s()
+        arrived: its expected wait, minus what the SLO allows, at least 1."""
+        excess = self.wait_of(share, ahead) - self.max_queue_wait_s()
         if not excess < self.config.retry_after_max_s:  # NaN included: say the longest
             return self.config.retry_after_max_s
         return int(max(1, math.ceil(excess)))
 
-    def refusal(self, reason: str, share: Share = DEFAULT_SHARE) -> Decision:
-        return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s(share))
+    def refusal(self, reason: str, share: Share = DEFAULT_SHARE, ahead: int | None = None) -> Decision:
+        return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s(share, ahead))
 
     # --- the calls admission makes ---------------------------------------------------------
-    def arrive(self, share: Share = DEFAULT_SHARE) -> Decision:
+    def arrive(self, share: Share = DEFAULT_SHARE, ahead: int | None = None) -> Decision:
+        """`ahead`: the waiters the fair queue would serve before this request (None: the fluid
+        estimate by weight)."""
         now = self.clock()
         if self.queued == 0 and self.can_dispatch():
-            self.in_flight += 1
-            return Decision("admit", ticket=Ticket(now, 0.0, self.in_flight >= self.limit))
+            self._take_slot(share)
+            return Decision("admit", ticket=Ticket(now, 0.0, self.in_flight >= self.limit, share.tenant))
         self.limiter.note_binding()
         mine = self.queued_by.get(share.tenant, 0)
+        if not mine and self.below_share(share) and self.in_flight < self.ceiling:
+            self._take_slot(share)  # borrowed: repaid by the next slot freed
+            return Decision("admit", ticket=Ticket(now, 0.0, True, share.tenant))
         if self.queued >= self.config.max_queue or mine >= share.queue_cap(self.config.max_queue):
-            return self.refusal(QUEUE_FULL, share)
+            return self.refusal(QUEUE_FULL, share, ahead)
         if self.service_rate() is None and self.queued >= self.limit:
-            return self.refusal(QUEUE_FULL, share)  # nothing measured yet: queue one round at most
+            return self.refusal(QUEUE_FULL, share, ahead)  # nothing measured yet: queue one round at most
         max_wait = self.max_queue_wait_s()
-        if self.expected_wait_s(mine + 1, share) > max_wait or max_wait <= 0:
-            return self.refusal(SLO_UNREACHABLE, share)
+        if self.wait_of(share, ahead) > max_wait or max_wait <= 0:
+            return self.refusal(SLO_UNREACHABLE, share, ahead)
         self.queued += 1
         self.queued_by[share.tenant] = mine + 1
         self._weights[share.tenant] = share.weight
+        self._active[share.tenant] = share.weight
         return Decision("queue", deadline=now + max_wait)
 
-    def arrive_plain(self) -> Decision:
+    def fair_slots(self, share: Share) -> float:
+        """The tenant's fair share of the limit: limit x its weight over the weights of the tenants
+        with requests in flight or waiting (it included)."""
+        others = sum(w for tenant, w in self._active.items() if tenant != share.tenant)
+        return self.limit * share.weight / (others + share.weight)
+
+    def below_share(self, share: Share) -> bool:
+        """One more slot keeps the tenant within its fair share of the limit."""
+        return self.in_flight_by.get(share.tenant, 0) + 1 <= self.fair_slots(share)
+
+    def _take_slot(self, share: Share) -> None:
+        self.in_flight += 1
+        self.in_flight_by[share.tenant] = self.in_flight_by.get(share.tenant, 0) + 1
+        self._active[share.tenant] = share.weight
+
+    def _free_slot(self, tenant: str) -> None:
+        self.in_flight -= 1
+        if _count_down(self.in_flight_by, tenant) and tenant not in self.queued_by:
+            self._active.pop(tenant, None)
+
+    def arrive_plain(self, share: Share = DEFAULT_SHARE) -> Decision:
         """arrive() without the queue policy's estimates: what admission falls back to if those fail."""
         if self.queued == 0 and self.can_dispatch():
-            self.in_flight += 1
-            return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit))
+            self._take_slot(share)
+            return Decision("admit", ticket=Ticket(self.clock(), 0.0, self.in_flight >= self.limit, share.tenant))
         return Decision("refuse", reason=QUEUE_FULL, retry_after_s=self.config.retry_after_max_s)
 
     def dispatch(self, enqueued_at: float, tenant: str = DEFAULT_SHARE.tenant) -> Ticket:
         """A waiter of `tenant` takes a free slot (call only when can_dispatch())."""
         now = self.clock()
+        weight = self._weights.get(tenant, 1.0)
         self.leave_queue(tenant)
-        self.in_flight += 1
-        return Ticket(now, now - enqueued_at, self.in_flight >= self.limit)
+        self._take_slot(Share(tenant, weight))
+        return Ticket(now, now - enqueued_at, self.in_flight >= self.limit, tenant)
 
     def leave_queue(self, tenant: str = DEFAULT_SHARE.tenant) -> None:
         self.queued -= 1
-        left = self.queued_by.get(tenant, 0) - 1
-        if left > 0:
-            self.queued_by[tenant] = left
-        else:
-            self.queued_by.pop(tenant, None)
+        if _count_down(self.queued_by, tenant):
             self._weights.pop(tenant, None)
+            if tenant not in self.in_flight_by:
+                self._active.pop(tenant, None)
 
     def first_token(self, ticket: Ticket) -> None:
         ttft = sample(self.clock() - ticket.dispatched_at)
@@ -429,8 +473,18 @@ class ConcurrencyGate:
 
     def finish(self, ticket: Ticket, itl_s: float | None = None, outcome: Outcome = "ok") -> None:
         """The slot is freed first: whatever the learning below does, the count stays right."""
-        self.in_flight -= 1
+        self._free_slot(ticket.tenant)
         took = sample(self.clock() - ticket.dispatched_at)
         if outcome == "ok" and took is not None:
             self._service_s = took if self._service_s is None else 0.8 * self._service_s + 0.2 * took
         self.limiter.on_finish(ticket.dispatched_at, itl_s, outcome, ticket.full)
+
+
+def _count_down(counts: dict[str, int], tenant: str) -> bool:
+    """One less for `tenant`; True when that was its last (its entry is then gone: no zeros kept)."""
+    left = counts.get(tenant, 0) - 1
+    if left > 0:
+        counts[tenant] = left
+        return False
+    counts.pop(tenant, None)
+    return True
