@@ -224,6 +224,7 @@ class SidecarMetrics:
             self.warmup_runs.labels(outcome)
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._tenant_children: dict[tuple[str, int], Counter] = {}
+        self._tenant_token_children: dict[tuple[str, str], Counter] = {}
 
     def reject(self, code: str) -> None:
         """Count a refusal under its error code (codes come from errors.py's fixed constructors)."""
@@ -244,9 +245,15 @@ class SidecarMetrics:
             child = self._tenant_children[(tenant, status)] = self.tenant_requests.labels(tenant, str(status))
         child.inc()
         if prompt:
-            self.tenant_tokens.labels(tenant, "prompt").inc(prompt)
+            self._tokens_child(tenant, "prompt").inc(prompt)
         if completion:
-            self.tenant_tokens.labels(tenant, "completion").inc(completion)
+            self._tokens_child(tenant, "completion").inc(completion)
+
+    def _tokens_child(self, tenant: str, kind: str) -> Counter:
+        child = self._tenant_token_children.get((tenant, kind))
+        if child is None:
+            child = self._tenant_token_children[(tenant, kind)] = self.tenant_tokens.labels(tenant, kind)
+        return child
 
     def tenant_refusal(self, tenant: str, code: str) -> None:
         self.tenant_refusals.labels(tenant, code).inc()

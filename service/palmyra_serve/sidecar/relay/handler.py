@@ -165,7 +165,8 @@ class Relay:
             name = self.keys.identify(auth)
             if name is None:
                 raise _reject(self.metrics, errors.unauthorized())
-            tenant = self.keys.tenants.spec(name)
+            tenants = self.keys.tenants  # this request's view, whatever a reload does meanwhile
+            tenant = tenants.spec(name)
             record.tenant = name
             mark_authenticated(scope)  # its connection is no longer anonymous (edge/protocol.py)
             if entry is None:
@@ -186,7 +187,7 @@ class Relay:
                     assert verdict.refusal is not None
                     raise _reject(self.metrics, verdict.refusal)
                 taken = verdict.reservation
-            share = self.keys.tenants.share(name)
+            share = tenants.share(name)
             status = await self._admitted_relay(scope, receive, send, entry, body, fwd, rid, record, t0, share)
         except errors.ApiError as exc:
             status = exc.status
@@ -517,8 +518,8 @@ class Relay:
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
-                if strip is not None:
-                    chunk = strip.feed(chunk)
+                if strip is not None and (strip.holding or b'"usage"' in chunk or not chunk.endswith(b"\n\n")):
+                    chunk = strip.feed(chunk)  # else nothing to take out: passed as it is, no call
                 if resp.finished:  # the engine's last bytes: the response's end goes in the same write
                     tail = strip.flush() if strip is not None else b""
                     await send({"type": "http.response.body", "body": chunk + tail, "more_body": False})

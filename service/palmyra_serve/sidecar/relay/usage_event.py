@@ -8,10 +8,12 @@ and takes that event out here, so the client gets exactly the events it would ha
 member is taken out too. Both are safe to find by their bytes: inside a JSON string every quote is
 escaped, so generated text cannot contain `"choices":[]` or `,"usage":null` unescaped.
 
-Cost: reads pass through unchanged unless they hold the bytes `"choices":[]` (vLLM's compact JSON),
-which only that event carries; a read that ends inside an event is held until the event's end
-(vLLM writes whole events, so in practice nothing waits). A stream without the blank-line event
-separator is passed through once MAX_HELD bytes would be held, never buffered whole.
+Cost: a read without the bytes `"usage"` that ends an event passes through unchanged (the relay
+checks that inline, without calling in here); one with them is split only if it holds
+`"choices":[]` (vLLM's compact JSON), which only the usage event carries; a read that ends inside
+an event is held until the event's end (vLLM writes whole events, so in practice nothing waits).
+A stream without the blank-line event separator is passed through once MAX_HELD bytes would be
+held, never buffered whole.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class UsageEventFilter:
     def __init__(self) -> None:
         self._held = b""
         self.removed = 0
+
+    @property
+    def holding(self) -> bool:
+        """Bytes of an unfinished event are held: the next read must go through feed()."""
+        return bool(self._held)
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of `chunk` (after any held ones) to send now."""

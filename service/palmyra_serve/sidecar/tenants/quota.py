@@ -144,15 +144,21 @@ def duration(seconds: int) -> bytes:
     return b"%ds" % s
 
 
+_HEADER_NAMES = {
+    kind: (
+        b"x-ratelimit-limit-" + kind.encode(),
+        b"x-ratelimit-remaining-" + kind.encode(),
+        b"x-ratelimit-reset-" + kind.encode(),
+    )
+    for kind in KINDS
+}
+
+
 def ratelimit_headers(states: dict[str, WindowState]) -> list[tuple[bytes, bytes]]:
     out = []
     for kind, state in states.items():
-        k = kind.encode()
-        out += [
-            (b"x-ratelimit-limit-" + k, b"%d" % state.limit),
-            (b"x-ratelimit-remaining-" + k, b"%d" % state.remaining),
-            (b"x-ratelimit-reset-" + k, duration(state.reset_s)),
-        ]
+        limit, remaining, reset = _HEADER_NAMES[kind]
+        out += [(limit, b"%d" % state.limit), (remaining, b"%d" % state.remaining), (reset, duration(state.reset_s))]
     return out
 
 
