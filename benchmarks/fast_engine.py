@@ -16,6 +16,9 @@ import uvicorn
 CHUNKS = 64
 EVENT = [b'data: {"object":"text_completion","choices":[{"index":0,"text":"tok%d"}]}\n\n' % i for i in range(CHUNKS)]
 DONE = b"data: [DONE]\n\n"
+# What vLLM adds when a request sets stream_options.include_usage (the sidecar asks for it on
+# behalf of a tenant with a tokens limit, and removes it again).
+USAGE = b'data: {"object":"text_completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":64}}\n\n'
 SSE_HEADERS = [(b"content-type", b"text/event-stream")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 MODELS = b'{"object":"list","data":[{"id":"palmyra-mini","object":"model","max_model_len":4096,"root":null}]}'
@@ -51,7 +54,8 @@ async def app(
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             for event in EVENT:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": DONE})
+            usage = b'"include_usage":true' in body.replace(b" ", b"")
+            await send({"type": "http.response.body", "body": USAGE + DONE if usage else DONE})
             return
         payload = COMPLETION
     elif path == "/v1/models":

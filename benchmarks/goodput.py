@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks import results_files
 from palmyra_serve.tools.stats import percentile
 
 if TYPE_CHECKING:  # imported where it runs: the arithmetic (and its unit tests) needs no sidecar
@@ -683,12 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the engine's and sidecar's logs here")
     args = parser.parse_args(argv)
     doc = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = markdown(doc)
-    (args.out / f"{args.name}.md").write_text(md + "\n")
+    results_files.write(args.out, args.name, doc, markdown(doc))
     plot(doc, args.out / f"{args.name}.png")
-    print(md)
     return 0
 
 

@@ -253,6 +253,7 @@ def workload_a(
     ttft_rounds_n: int = 5,
     load: str = "wrk",
     names: tuple[str, ...] = ("direct", "nginx", "sidecar"),
+    tenants: bool = False,
 ) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
@@ -278,6 +279,8 @@ def workload_a(
             "PALMYRA_LOG_LEVEL": "info",
             "PALMYRA_CANARY_INTERVAL_S": "3600",
         }
+        if tenants:
+            env.update(tenants_env(log_dir))
         with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
             import psutil
 
@@ -319,6 +322,20 @@ def workload_a(
             procs.stop(nginx, timeout_s=5)
         procs.stop(engine, timeout_s=5)
     return results
+
+
+def tenants_env(log_dir: Path) -> dict[str, str]:
+    """The key as a tenant's with every per-minute limit, none of them reached: each request takes
+    the whole quota path (the key's tenant, the reservation, the x-ratelimit-* headers, the stream's
+    usage asked for and removed, the settlement), and nothing is refused."""
+    from palmyra_serve.sidecar.tenants.config import key_digest
+
+    path = log_dir / "tenants.yaml"
+    path.write_text(
+        f"tenants:\n  - name: bench\n    keys: ['{key_digest(API_KEY)}']\n"
+        "    requests_per_minute: 1000000000\n    tokens_per_minute: 1000000000000\n"
+    )
+    return {"PALMYRA_API_KEYS": "", "PALMYRA_TENANTS_FILE": str(path)}
 
 
 async def stream_tokens(
@@ -511,6 +528,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="workload B: alternating rounds per point")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--tenants", action="store_true", help="workload A: the key as a tenant's, with requests and tokens limits"
+    )
     args = parser.parse_args()
     names = tuple(name for name in ("direct", "nginx", "sidecar") if name in args.targets.split(","))
     if not {"direct", "sidecar"} <= set(names):
@@ -528,7 +548,13 @@ def main() -> int:
         log_dir = Path(tmp)
         a = (
             workload_a(
-                args.seconds, [int(c) for c in args.concurrency.split(",")], log_dir, args.ttft_rounds, args.load, names
+                args.seconds,
+                [int(c) for c in args.concurrency.split(",")],
+                log_dir,
+                args.ttft_rounds,
+                args.load,
+                names,
+                args.tenants,
             )
             if args.workload in ("A", "all")
             else None

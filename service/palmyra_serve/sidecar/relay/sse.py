@@ -35,6 +35,9 @@ import orjson
 # larger, and is the one skipped. Held per stream: memory_budget.py counts it.
 MAX_EVENT_BYTES = 64 * 1024
 DONE = b"[DONE]"
+# Only the usage report has no choices (vLLM writes compact JSON; inside a string the quotes would
+# be escaped, so generated text cannot hold these bytes).
+USAGE_ONLY = b'"choices":[]'
 
 # The plain token event, strictly: what a successful decode proves is exactly what the general
 # path (_payloads) would count as one token event of choice 0. `error` typed as UNSET refuses the
@@ -171,11 +174,24 @@ class SseAccount:
             if done:
                 complete = complete[:-12]
                 events -= 1
+            report = None
+            if events and USAGE_ONLY in complete:
+                # The usage report (choices: []) ends a stream that asked for it: accounted on
+                # its own, after the events before it, which keep the fast path.
+                last = complete.rfind(b"\n\ndata: ", 0, len(complete) - 2)
+                tail = complete[last + 2 :] if last >= 0 else complete
+                if USAGE_ONLY in tail:
+                    report = tail.rstrip(b"\n")
+                    complete = complete[: last + 2] if last >= 0 else b""
+                    events -= 1
+                    separators -= 1
             if events:
                 body = complete[6:-2] if done else complete[6:]
                 array = b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
                 if not self._plain_tokens(array, events, now):
                     self._parse_all(array, complete, events, now)
+            if report is not None:
+                self._event(report, now)
             if done:
                 self.events += 1
                 self.done = True

@@ -62,12 +62,18 @@ class UsageEventFilter:
             data = data[:end]
         if NULL_USAGE in data:
             data = data.replace(NULL_USAGE, b"")
-        if EMPTY_CHOICES not in data:
-            return data
-        events = data[:-2].split(b"\n\n")
-        kept = [e for e in events if not _usage_only(e)]
-        self.removed += len(events) - len(kept)
-        return b"".join(e + b"\n\n" for e in kept)
+        at = data.find(EMPTY_CHOICES)
+        while at >= 0:  # only the events around a candidate are looked at, not every event of the read
+            start = data.rfind(b"\n\n", 0, at) + 2 if at else 0
+            start = 0 if start == 1 else start
+            end = data.find(b"\n\n", at) + 2
+            if _usage_only(data[start : end - 2]):
+                data = data[:start] + data[end:]
+                self.removed += 1
+                at = data.find(EMPTY_CHOICES, start)
+            else:
+                at = data.find(EMPTY_CHOICES, end)
+        return data
 
     def flush(self) -> bytes:
         """What is still held when the stream ends (an event the engine never finished)."""
