@@ -31,7 +31,6 @@ from pathlib import Path
 from benchmarks import results_files
 from benchmarks.goodput import closed_loop_rate, engine_idle, open_loop, summarize_rate
 
-HERE = Path(__file__).resolve().parent
 HEAVY_KEY = "heavy-tenant-key-0123456789"
 LIGHT_KEY = "light-tenant-key-0123456789"
 
@@ -164,13 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=None, help="1x in req/s (default: measure it)")
     parser.add_argument("--ttft-slo", type=float, default=2.0)
     parser.add_argument("--itl-slo", type=float, default=0.25)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="tenants-fairness")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    args = parser.parse_args(argv)
-    doc = run(args)
-    results_files.write(args.out, args.name, doc, markdown(doc))
-    return 0
+    return results_files.main(parser, run, markdown, "tenants-fairness", argv)
 
 
 if __name__ == "__main__":

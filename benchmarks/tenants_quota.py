@@ -36,7 +36,6 @@ import httpx
 from benchmarks import results_files
 from benchmarks.goodput import WORDS, poisson_arrivals
 
-HERE = Path(__file__).resolve().parent
 KEYS = {"over": "over-tenant-key-0123456789", "under": "under-tenant-key-0123456789"}
 COMPLETION_TOKENS = 32
 PROMPT_WORDS = 16
@@ -235,13 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=4000, help="each tenant's tokens per minute")
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--warmup-s", type=float, default=30.0, help="windows start after this (the first fill)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="tenants-quota")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    args = parser.parse_args(argv)
-    doc = run(args)
-    results_files.write(args.out, args.name, doc, markdown(doc))
-    return 0
+    return results_files.main(parser, run, markdown, "tenants-quota", argv)
 
 
 if __name__ == "__main__":
