@@ -117,7 +117,7 @@ def test_a_limited_tenant_gets_headers_429s_exact_stream_tokens_and_its_priority
         assert events[-1] == "data: [DONE]" and len(events) == 7
         assert all('"usage"' not in e for e in events)
         bodies = {b["prompt"]: b for b in _bodies(client, engine.url) if isinstance(b.get("prompt"), str)}
-        assert bodies["hi"]["stream_options"] == {"include_usage": True}
+        assert bodies["hi"]["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
         assert bodies["hello"]["priority"] == -3 and bodies["hi"]["priority"] == -3  # the tenant's, not the client's
         # The engine's usage, exactly: 3 + 5 and 3 + 6 prompt and completion tokens.
         tokens = 'palmyra_tenant_tokens_total{kind="%s",tenant="search"}'

@@ -250,3 +250,17 @@ def test_slots_are_shared_by_weight_within_the_ceiling(limit, headroom, weights,
         assert gate.in_flight <= ceiling
         if one_tenant:
             assert gate.in_flight <= gate.limit
+
+
+def test_a_waiter_that_leaves_leaves_no_debt_for_its_tenant():
+    a, b = Share("a", 1.0), Share("b", 1.0)
+    left, kept = FairQueue(), FairQueue()
+    for queue, items in ((left, ["a1", "gone", "a2"]), (kept, ["a1", "a2"])):
+        for item in items:
+            queue.push(a, item)
+    assert left.remove("a", "gone") and not left.remove("a", "gone")
+    for queue in (left, kept):
+        queue.push(b, "b1")
+    # The same order and the same place for a newcomer as if "gone" had never waited.
+    assert left.ahead_of(a) == kept.ahead_of(a) and left.ahead_of(b) == kept.ahead_of(b)
+    assert [left.pop() for _ in range(3)] == [kept.pop() for _ in range(3)]

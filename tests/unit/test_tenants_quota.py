@@ -188,3 +188,62 @@ def test_only_the_usage_report_is_removed_wherever_the_reads_split(cut, null_usa
     out = b"".join(strip.feed(r) for r in reads) + strip.flush()
     assert out == TOKEN + TEXT_WITH_LOOKALIKE + DONE and strip.removed == 1
     assert orjson.loads(USAGE[6:-2])["usage"]["completion_tokens"] == 2
+
+
+def test_a_request_that_is_no_generation_does_not_touch_the_tokens_window():
+    quotas = Quotas(clock=FakeClock(0.0))
+    spec = TenantSpec(name="t", tokens_per_minute=10, requests_per_minute=100)
+
+    async def scenario():
+        spent = await quotas.admit(spec, 10)
+        assert spent.reservation is not None
+        await quotas.settle(spent.reservation, 50)  # it cost more than it reserved: the minute is over
+        assert (await quotas.admit(spec, 1)).refusal is not None
+        listing = await quotas.admit(spec, None)  # /v1/models: requests only
+        assert listing.reservation is not None
+        assert "x-ratelimit-limit-tokens" not in headers_of(listing)
+
+    run(scenario())
+
+
+class HangingStore(FailingStore):
+    """A shared store whose take never answers (the fault under test: a cancelled request)."""
+
+    async def take(self, tenant, limits, amounts):
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_a_request_cancelled_while_its_quota_is_asked_gives_its_concurrency_slot_back():
+    quotas = Quotas(HangingStore(FakeClock(0.0)))
+    spec = TenantSpec(name="t", max_concurrent=1, requests_per_minute=10)
+
+    async def scenario():
+        task = asyncio.create_task(quotas.admit(spec, 0))
+        await asyncio.sleep(0.01)
+        assert quotas.in_use("t") == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert quotas.in_use("t") == 0
+
+    run(scenario())
+
+
+def test_what_a_request_is_charged_when_the_engine_reported_no_usage():
+    from palmyra_serve.sidecar.relay.handler import tokens_spent
+    from palmyra_serve.sidecar.relay.record import RequestRecord
+    from palmyra_serve.sidecar.tenants.reservation import Demand
+
+    demand = Demand(prompt_tokens=10, completion_tokens=100)
+
+    def charged(**fields) -> int:
+        record = RequestRecord("r", "POST", "/v1/completions", "completions", sent_at=1.0, **fields)
+        return tokens_spent(record, demand)
+
+    assert tokens_spent(RequestRecord("r", "POST", "/", "completions"), demand) == 0  # never sent
+    assert charged(status=200, prompt_tokens=7, completion_tokens=3) == 10  # the engine's usage
+    assert charged(status=499, client_disconnected=True) == 110  # left before the end: the reservation
+    assert charged(status=499, client_disconnected=True, tokens_seen=150) == 160  # more than reserved
+    assert charged(status=400) == 0  # the engine refused it
+    assert charged(status=502, tokens_seen=5) == 15  # the engine failed: prompt and tokens relayed

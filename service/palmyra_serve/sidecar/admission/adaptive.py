@@ -69,7 +69,7 @@ class AdaptiveAdmission(Drainable):
             raise Draining
         gate = self.gate
         try:
-            decision = gate.arrive(share, self._waiters.ahead_of(share))
+            decision = gate.arrive(share, self._waiters.ahead_of(share) if self._waiters else 0)
         except Exception as exc:  # the queue policy's arithmetic failed: admit within the limit, or refuse
             self._fault(exc)
             decision = gate.arrive_plain(share)

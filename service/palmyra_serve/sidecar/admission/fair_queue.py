@@ -10,8 +10,10 @@ the current virtual time, with no credit saved up and no debt (Goyal, Vin and Ch
 With one tenant this is the plain FIFO it replaces.
 
 `Share` is what admission knows of a request's tenant: its name, weight and how much of the queue
-it may hold (its weight's share of max_queue, so that the caps of all tenants add up to the queue's
-bound and no tenant's backlog can fill the others' part).
+it may hold (its weight's share of max_queue, at least 1, so that the caps of all tenants add up to
+about the queue's bound, which stays a hard cap, and no tenant's backlog can fill the others' part).
+A waiter that leaves (timed out, its client gone) takes its place in the order with it: the
+tenant keeps no debt for it.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ DEFAULT_SHARE = Share()
 
 
 class FairQueue(Generic[T]):
-    __slots__ = ("_finish", "_len", "_queues", "_seq", "_vtime")
+    __slots__ = ("_finish", "_len", "_queues", "_seq", "_step", "_vtime")
 
     def __init__(self) -> None:
         self._queues: dict[str, deque[tuple[float, int, T]]] = {}
         self._finish: dict[str, float] = {}  # each tenant's last finish tag (bounded by the tenants file)
+        self._step: dict[str, float] = {}  # each tenant's 1 / weight, as its last push had it
         self._vtime = 0.0
         self._seq = 0
         self._len = 0
@@ -76,7 +79,8 @@ class FairQueue(Generic[T]):
 
     def push(self, share: Share, item: T) -> None:
         start = max(self._vtime, self._finish.get(share.tenant, 0.0))
-        self._finish[share.tenant] = start + 1.0 / share.weight
+        step = self._step[share.tenant] = 1.0 / share.weight
+        self._finish[share.tenant] = start + step
         self._seq += 1
         queue = self._queues.get(share.tenant)
         if queue is None:
@@ -104,7 +108,13 @@ class FairQueue(Generic[T]):
             return False
         for i, entry in enumerate(queue):
             if entry[2] is item:
-                del queue[i]
+                # The tenant keeps no debt for a waiter that left: its later waiters, and its
+                # finish tag, move up by the share the one that left would have used.
+                step = self._step[tenant]
+                later = [queue.pop() for _ in range(len(queue) - i - 1)]
+                queue.pop()
+                queue.extend((start - step, seq, it) for start, seq, it in reversed(later))
+                self._finish[tenant] -= step
                 self._len -= 1
                 return True
         return False

@@ -133,6 +133,12 @@ class ApiKeys:
         """Every stored digest with its tenant (a tenants file cannot claim a plain key: they are
         `default`'s, which the file's own keys for `default` join)."""
         plain = dict.fromkeys(self._env_digests + self._file_digests, DEFAULT_TENANT)
+        claimed = [self.tenants.by_digest[d] for d in plain if d in self.tenants.by_digest]
+        if claimed:
+            log.warning(
+                "a plain API key is also listed in the tenants file: it stays the default tenant's",
+                extra={"fields": {"tenants": sorted(set(claimed))}},
+            )
         self._digests = {**self.tenants.by_digest, **plain}
 
     @classmethod

@@ -181,7 +181,7 @@ class Relay:
             if entry.generates and body:
                 body, demand = self._inspect(body, entry, tenant, record)
             if self.quotas.limited(tenant):
-                verdict = await self.quotas.admit(tenant, demand.tokens if demand is not None else 0)
+                verdict = await self.quotas.admit(tenant, demand.tokens if demand is not None else None)
                 record.ratelimit_headers = verdict.headers
                 if verdict.reservation is None:
                     assert verdict.refusal is not None
@@ -211,6 +211,8 @@ class Relay:
         else:
             self.health.sidecar_faults_in_row = 0
         finally:
+            if taken is not None:
+                self.quotas.release(taken)  # first: whatever fails below, the slot is given back
             self.body_held -= held
             took = time.perf_counter() - t0
             self.metrics.count_request(route, status)
@@ -221,7 +223,6 @@ class Relay:
             if tenant is not None:
                 self.metrics.count_tenant(tenant.name, status, record.prompt_tokens, record.completion_tokens)
             if taken is not None:
-                self.quotas.release(taken)
                 await self.quotas.settle(taken, tokens_spent(record, demand))
 
     async def _admitted_relay(
@@ -379,8 +380,9 @@ class Relay:
         if tenant.tokens_per_minute:
             demand = reservation.demand(payload, entry.chat, self.settings.quota_reserve_tokens)
             if reservation.streams(payload) and not reservation.wants_usage(payload):
-                options = payload.get("stream_options")
-                payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                # Usage in the final event only: a client's continuous_usage_stats had no effect
+                # without include_usage, and must not start to.
+                payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
                 record.strip_usage = changed = True
         if self.settings.priority_scheduling and payload.get("priority") != tenant.priority:
             payload["priority"] = tenant.priority
@@ -612,17 +614,22 @@ def _response_headers(resp: EngineResponse, rid: str, record: RequestRecord) -> 
 
 
 def tokens_spent(record: RequestRecord, demand: reservation.Demand | None) -> int:
-    """What a request cost its tenant's tokens per minute: the engine's usage when it reported
-    it; for a stream cut short, the estimated prompt and the tokens relayed; nothing for a request
-    the engine refused or never got."""
+    """What a request cost its tenant's tokens per minute: the engine's usage when it reported it;
+    nothing for a request the engine never got or refused (its 4xx); for a client that left before
+    the usage came, what it reserved, at least its estimated prompt and the tokens relayed (leaving
+    just before the end must not make a generation free); for an engine that failed, the estimated
+    prompt and the tokens relayed."""
     if demand is None or not record.sent_at:
         return 0
     if record.completion_tokens is not None:
         prompt = record.prompt_tokens if record.prompt_tokens is not None else demand.prompt_tokens
         return prompt + record.completion_tokens
-    if record.tokens_seen:
-        return demand.prompt_tokens + record.tokens_seen
-    return 0
+    seen = demand.prompt_tokens + record.tokens_seen
+    if record.client_disconnected:
+        return max(demand.tokens, seen)
+    if 400 <= record.status < 500:
+        return 0
+    return seen
 
 
 def _closing_connection(send: Any) -> Any:

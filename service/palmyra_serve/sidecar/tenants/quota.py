@@ -188,8 +188,9 @@ class Quotas:
     def limited(spec: TenantSpec) -> bool:
         return bool(spec.requests_per_minute or spec.tokens_per_minute or spec.max_concurrent)
 
-    async def admit(self, spec: TenantSpec, tokens: int) -> Verdict:
-        """Take one request and `tokens` from the tenant's limits, or refuse (429 with Retry-After)."""
+    async def admit(self, spec: TenantSpec, tokens: int | None) -> Verdict:
+        """Take one request and `tokens` from the tenant's limits, or refuse (429 with Retry-After).
+        `tokens` None: not a generation, which its tokens limit does not concern."""
         reservation = Reservation(spec)
         if spec.max_concurrent:
             held = self._concurrent.get(spec.name, 0)
@@ -201,12 +202,16 @@ class Quotas:
         limits: dict[str, int] = {}
         if spec.requests_per_minute:
             limits[REQUESTS] = spec.requests_per_minute
-        if spec.tokens_per_minute:
+        if spec.tokens_per_minute and tokens is not None:
             limits[TOKENS] = spec.tokens_per_minute
         if not limits:
             return Verdict(reservation)
-        amounts = {REQUESTS: 1, TOKENS: max(0, tokens)}
-        store, taken = await self._take(spec.name, limits, amounts)
+        amounts = {REQUESTS: 1, TOKENS: max(0, tokens or 0)}
+        try:
+            store, taken = await self._take(spec.name, limits, amounts)
+        except BaseException:  # cancelled while asking: the concurrency slot is not kept
+            self.release(reservation)
+            raise
         headers = ratelimit_headers(taken.states)
         if not taken.admitted:
             self.release(reservation)
@@ -228,11 +233,15 @@ class Quotas:
             except Exception as exc:  # unreachable, slow, refused: this replica's share from now on
                 self._remote_failed(exc)
             else:
-                if not self.remote_up:
-                    log.info("quota store answering again: limits are shared across replicas")
-                self.remote_up = True
+                self._remote_back()
                 return self.remote, taken
         return self.local, await self.local.take(tenant, limits, amounts)
+
+    def _remote_back(self) -> None:
+        if not self.remote_up:
+            log.info("quota store answering again: limits are shared across replicas")
+        self.remote_up = True
+        self._remote_retry_at = 0.0
 
     def _remote_failed(self, exc: Exception) -> None:
         self.remote_errors += 1
@@ -276,9 +285,7 @@ class Quotas:
             except Exception as exc:
                 self._remote_failed(exc)
             else:
-                log.info("quota store answering again: limits are shared across replicas")
-                self.remote_up = True
-                self._remote_retry_at = 0.0
+                self._remote_back()
 
     async def close(self) -> None:
         close = getattr(self.remote, "close", None)

@@ -18,7 +18,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.credentials import CredentialProvider
 
 from palmyra_serve.sidecar.tenants.quota import Taken, standing
@@ -106,18 +106,25 @@ class PasswordFile(CredentialProvider):
         return self.get_credentials()
 
 
+# Connections to Redis at once. Past it a call waits for one (a blocking pool, within the call's
+# timeout) rather than failing at once: a burst of requests is not an unreachable Redis.
+MAX_CONNECTIONS = 64
+
+
 def client(url: str, password_file: Path | None, ca_file: Path | None, timeout_s: float) -> Redis:
     """A client for `url` (redis:// or rediss:// for TLS), its password from a file (PasswordFile)."""
     options: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "health_check_interval": 30,
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": timeout_s,
     }
     if password_file is not None:
         options["credential_provider"] = PasswordFile(password_file)
     if ca_file is not None:
         options["ssl_ca_certs"] = str(ca_file)
-    return Redis.from_url(url, **options)
+    return Redis(connection_pool=BlockingConnectionPool.from_url(url, **options))
 
 
 class RedisStore:
