@@ -256,7 +256,8 @@ def test_slots_are_shared_by_weight_within_the_ceiling(limit, headroom, weights,
 
 def test_a_waiter_that_leaves_leaves_no_debt_for_its_tenant():
     a, b = Share("a", 1.0), Share("b", 1.0)
-    left, kept = FairQueue(), FairQueue()
+    left: FairQueue[str] = FairQueue()
+    kept: FairQueue[str] = FairQueue()
     for queue, items in ((left, ["a1", "gone", "a2"]), (kept, ["a1", "a2"])):
         for item in items:
             queue.push(a, item)

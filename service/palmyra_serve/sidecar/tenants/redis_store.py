@@ -124,7 +124,7 @@ def client(url: str, password_file: Path | None, ca_file: Path | None, timeout_s
         options["credential_provider"] = PasswordFile(password_file)
     if ca_file is not None:
         options["ssl_ca_certs"] = str(ca_file)
-    return Redis(connection_pool=BlockingConnectionPool.from_url(url, **options))
+    return Redis.from_pool(BlockingConnectionPool.from_url(url, **options))  # the client owns it: aclose() closes it
 
 
 class RedisStore:
