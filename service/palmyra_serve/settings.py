@@ -236,6 +236,21 @@ class Settings(BaseSettings):
         "its tenant's (a client's own priority is replaced).",
     )
 
+    # --- tracing (docs/tracing.md) ------------------------------------------------------------
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces URL (e.g. http://otel-collector:4318/v1/traces): the sidecar exports its "
+        "spans there and the engine is started with --otlp-traces-endpoint set to the same URL; unset: no "
+        "tracing, and none of its cost.",
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of the traces the sidecar starts that are recorded; a client's traceparent keeps its "
+        "own sampled flag (the engine follows the sidecar's decision).",
+    )
+
     # --- sidecar: health, warmup, canary, drain ---------------------------------------------
     health_poll_interval_s: float = Field(2.0, description="How often the sidecar polls the engine's /health.")
     liveness_budget_s: float = Field(
@@ -267,6 +282,14 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return split_keys(value)
+        return value
+
+    @field_validator("otlp_traces_endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        # Checked at start: a host:port (the gRPC exporter's form) would only fail at each export.
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL of an OTLP/HTTP traces receiver, got {value!r}")
         return value
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import procs
+from tests.helpers.otlp_receiver import Receiver, otlp_receiver
 
 # validate's accuracy check compares greedy tokens with the fp32 Transformers reference: only a
 # float32 engine agrees token for token. The other tests do not depend on the dtype; bfloat16, the
@@ -24,7 +25,7 @@ from tests.helpers import procs
 SHARED_ENGINE_DTYPE = "float32"
 
 # Fixtures that mean "this test talks to the shared engine".
-SHARED = {"engine_server", "sidecar_server", "shared_engine"}
+SHARED = {"engine_server", "sidecar_server", "shared_engine", "otlp"}
 
 
 @pytest.fixture(scope="session")
@@ -33,10 +34,20 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_engine(tiny_model_dir: Path, log_dir: Path) -> Iterator[procs.RestartableEngine]:
+def otlp(log_dir: Path) -> Iterator[Receiver]:
+    """The test OTLP receiver the shared engine exports its spans to, for the whole session."""
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tiny_model_dir: Path, log_dir: Path, otlp: Receiver) -> Iterator[procs.RestartableEngine]:
     """The shared engine as an object that can be restarted on its port: the fault tests use it
-    directly (and run last); every other test sees its Server through engine_server."""
-    eng = procs.RestartableEngine(tiny_model_dir, log_dir, dtype=SHARED_ENGINE_DTYPE)
+    directly (and run last); every other test sees its Server through engine_server. Its tracing
+    is on, as PALMYRA_OTLP_TRACES_ENDPOINT turns it on in a deployment (tests/engine/
+    test_tracing_engine.py reads its spans); spans leave every 200 ms rather than every 5 s."""
+    tracing = {"PALMYRA_OTLP_TRACES_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    eng = procs.RestartableEngine(tiny_model_dir, log_dir, dtype=SHARED_ENGINE_DTYPE, extra_env=tracing)
     eng.start()
     try:
         yield eng

@@ -85,6 +85,7 @@ class Stats(TypedDict):
     completed: int
     request_ids: list[str | None]
     auth: list[str | None]
+    traceparents: list[str | None]
     paths: list[str]
     headers: dict[str, str]
     tokenizing: int
@@ -101,6 +102,7 @@ STATS: Stats = {
     "completed": 0,
     "request_ids": [],
     "auth": [],
+    "traceparents": [],
     "paths": [],
     "headers": {},
     "tokenizing": 0,
@@ -233,6 +235,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     STATS["requests"] += 1
     STATS["request_ids"].append(request.headers.get("x-request-id"))
     STATS["auth"].append(request.headers.get("authorization"))
+    STATS["traceparents"].append(request.headers.get("traceparent"))
     body = await request.json()
     STATS["bodies"] = [*STATS["bodies"][-19:], body]  # the last 20, as the engine got them
     if STATE["generate_delay"]:

@@ -160,8 +160,11 @@ class RestartableEngine:
     restarted engine where the old one was. `server` is the running engine's Server (None when
     stopped)."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, dtype: str = "bfloat16") -> None:
+    def __init__(
+        self, model_dir: Path, log_dir: Path, dtype: str = "bfloat16", extra_env: dict[str, str] | None = None
+    ) -> None:
         self.model_dir, self.log_dir, self.dtype = model_dir, log_dir, dtype
+        self.extra_env = extra_env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._cm: contextlib.AbstractContextManager[Server] | None = None
@@ -170,7 +173,7 @@ class RestartableEngine:
     def start(self) -> float:
         """Start it and wait until it serves; returns the seconds that took."""
         t0 = time.monotonic()
-        self._cm = engine(self.model_dir, self.log_dir, dtype=self.dtype, port=self.port)
+        self._cm = engine(self.model_dir, self.log_dir, dtype=self.dtype, port=self.port, extra_env=self.extra_env)
         self.server = self._cm.__enter__()
         return time.monotonic() - t0
 

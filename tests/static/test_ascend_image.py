@@ -394,12 +394,14 @@ for key, argv in json.loads(sys.argv[1]).items():
         results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
                         "eager": args.enforce_eager, "capture_sizes": sizes,
                         "additional": getattr(args, "additional_config", None),
-                        "policy": getattr(args, "scheduling_policy", None)}
+                        "policy": getattr(args, "scheduling_policy", None),
+                        "otlp": getattr(args, "otlp_traces_endpoint", None)}
     except SystemExit as exc:
         results[key] = {"ok": False, "code": exc.code}
 print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
 """
 PLATFORMS = ("ascend", "cpu", "cuda")
+OTLP_URL = "http://otel-collector:4318/v1/traces"
 UNKNOWN = "--no-such-flag-in-vllm"
 # The operator settings the docs recommend for the engine (docs/ascend-troubleshooting.md, the ACL
 # graph capture fix; docs/configuration.md), exactly as written there.
@@ -434,6 +436,7 @@ def commands() -> dict[str, tuple[dict[str, str], list[str]]]:
     out = {p: cmd.host_command(p) for p in PLATFORMS}
     out["unknown"] = cmd.host_command("ascend", PALMYRA_ENGINE_EXTRA_ARGS=f"{UNKNOWN} 1")
     out["priority"] = cmd.host_command("ascend", PALMYRA_PRIORITY_SCHEDULING="true")
+    out["tracing"] = cmd.host_command("ascend", PALMYRA_OTLP_TRACES_ENDPOINT=OTLP_URL)
     for key, (name, value) in documented_settings().items():
         out[key] = cmd.host_command("ascend", **{name: value})
     return out
@@ -507,6 +510,37 @@ def test_priority_scheduling_reaches_vllm_018_as_its_priority_policy(parsed: dic
     then run the priority policy (under its default, fcfs, vLLM 0.18.0 ignores a request's priority)."""
     assert _accepted(parsed, "priority")["policy"] == "priority"
     assert _accepted(parsed, "ascend")["policy"] == "fcfs"
+
+
+def test_tracing_reaches_vllm_018_as_its_otlp_traces_endpoint(parsed: dict) -> None:
+    """With an OTLP endpoint set, the engine command carries it to vLLM 0.18.0's own tracing, which
+    its parser takes as otlp_traces_endpoint; without one, vLLM's tracing stays off."""
+    assert _accepted(parsed, "tracing")["otlp"] == OTLP_URL
+    assert _accepted(parsed, "ascend")["otlp"] is None
+
+
+def test_vllm_018_lists_the_opentelemetry_packages_its_tracing_imports() -> None:
+    """vLLM 0.18.0's tracing imports the SDK and both OTLP exporters; the vllm-ascend image's
+    Python set (resolved from its requirements, as its Dockerfile installs them) has them, so the
+    image needs nothing added."""
+    root = vllm_018_path()
+    otel = (root / "vllm" / "tracing" / "otel.py").read_text()
+    for module in (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        "opentelemetry.sdk.trace",
+    ):
+        assert f"from {module} import" in otel, module
+    assert 'os.environ.get(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "grpc")' in otel  # hence the launcher's http/protobuf
+    for arch in up.ARCHES:
+        versions = up.upstream_set(arch).versions
+        missing = {
+            "opentelemetry-sdk",
+            "opentelemetry-exporter-otlp-proto-http",
+            "opentelemetry-exporter-otlp-proto-grpc",
+        }
+        missing -= set(versions)
+        assert not missing, f"{arch}: the image's Python set lacks {missing}"
 
 
 def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:

@@ -125,3 +125,16 @@ def test_priority_scheduling_asks_the_engine_for_the_priority_policy():
     assert "--scheduling-policy" not in plain
     with_priority = build_command(Settings(engine_api_key="secret", priority_scheduling=True), "/m", "cpu").argv
     assert flag(with_priority, "--scheduling-policy") == "priority"
+
+
+def test_tracing_points_the_engines_own_tracing_at_the_same_endpoint_over_http():
+    """vLLM exports over gRPC unless told otherwise; the setting is an OTLP/HTTP URL, so the launcher
+    says http/protobuf, and names the engine's service. Off, the engine gets none of it."""
+    url = "http://collector:4318/v1/traces"
+    plain = build_command(Settings(engine_api_key="secret"), "/m", "cpu")
+    assert "--otlp-traces-endpoint" not in plain.argv
+    assert not any(k.startswith("OTEL_") for k in plain.env)
+    traced = build_command(Settings(engine_api_key="secret", otlp_traces_endpoint=url), "/m", "ascend")
+    assert flag(traced.argv, "--otlp-traces-endpoint") == url
+    assert traced.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert traced.env["OTEL_SERVICE_NAME"] == "palmyra-engine"

@@ -27,6 +27,7 @@ def test_a_record_with_every_field_set_writes_every_documented_key_in_order() ->
         engine_error_event=True,
         client_disconnected=True,
         tenant="search",
+        trace_id="0af7651916cd43dd8448eb211c80319c",
     )
     fields = record.log_fields()
     assert list(fields) == list(ACCESS_LOG_KEYS)

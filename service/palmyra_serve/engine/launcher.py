@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from palmyra_serve import ENGINE_SERVICE_NAME
 from palmyra_serve.engine import process_tree
 from palmyra_serve.settings import Settings, engine_key_refusal
 
@@ -113,6 +114,13 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         # The sidecar sets each generation's priority to its tenant's; vLLM's default policy (fcfs)
         # would accept the field and ignore it.
         argv += ["--scheduling-policy", "priority"]
+    if settings.otlp_traces_endpoint:
+        # One trace across sidecar and engine: vLLM exports its llm_request span (a child of the
+        # sidecar's engine-request span, through the traceparent the sidecar sends) to the same
+        # collector. Its exporter speaks gRPC unless told otherwise; the sidecar's URL is OTLP/HTTP.
+        argv += ["--otlp-traces-endpoint", settings.otlp_traces_endpoint]
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_SERVICE_NAME"] = os.environ.get("OTEL_SERVICE_NAME", ENGINE_SERVICE_NAME)
     argv += shlex.split(settings.engine_extra_args)
     return EngineCommand(argv=argv, env=env, platform=platform)
 

@@ -207,6 +207,9 @@ def create_app(
             state.relay.pool.close()
             await state.quotas.close()
             state.relay.access_log.flush()
+            if state.relay.tracing is not None:
+                # The last requests' spans leave before the process does (bounded wait).
+                await asyncio.to_thread(state.relay.tracing.shutdown)
             if own_session:
                 await state.session.close()
 

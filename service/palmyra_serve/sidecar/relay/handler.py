@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -44,6 +44,9 @@ from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import Quotas, Reservation
 from palmyra_serve.sidecar.upstream.failures import UpstreamError
 from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse
+
+if TYPE_CHECKING:
+    from palmyra_serve.sidecar.observability.tracing import Tracing
 
 # Not forwarded upstream: hop-by-hop headers (RFC 9110 section 7.6.1, plus the obsolete
 # Proxy-Connection and those a Connection header lists, dropped per request), the ones the pool
@@ -127,6 +130,12 @@ class Relay:
         self.cost_limits = CostLimits(
             settings.max_tokens_cap or settings.max_model_len, settings.max_choices, settings.max_logprobs
         )
+        self.tracing: Tracing | None = None
+        if settings.otlp_traces_endpoint:
+            # Imported only here: with tracing off, OpenTelemetry is never loaded.
+            from palmyra_serve.sidecar.observability.tracing import Tracing
+
+            self.tracing = Tracing(settings)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
@@ -154,6 +163,9 @@ class Relay:
             fwd = [(n, v) for n, v in fwd if n not in listed]
         rid = request_id_from(rid_raw)
         record = RequestRecord(rid, scope["method"], path, route)
+        if self.tracing is not None:
+            record.trace = self.tracing.start(scope, record, t0)
+            record.trace_id = record.trace.trace_id
         status = 500
         held = 0
         body_read = False
@@ -180,6 +192,8 @@ class Relay:
             held = len(body)
             if entry.generates and body:
                 body, demand = self._inspect(body, entry, tenant, record)
+            if record.trace is not None:
+                record.admit_at = time.perf_counter()
             if self.quotas.limited(tenant):
                 verdict = await self.quotas.admit(tenant, demand.tokens if demand is not None else None)
                 record.ratelimit_headers = verdict.headers
@@ -219,6 +233,8 @@ class Relay:
             self.metrics.duration.labels(route).observe(took)
             record.status = status
             record.duration_s = took
+            if record.trace is not None:
+                self._end_trace(record, t0 + took)
             self.access_log.write(time.time(), record.log_fields())
             if tenant is not None:
                 self.metrics.count_tenant(tenant.name, status, record.prompt_tokens, record.completion_tokens)
@@ -271,6 +287,13 @@ class Relay:
             hook.on_disconnect = None
             if watcher is not None:
                 watcher.cancel()
+
+    def _end_trace(self, record: RequestRecord, end: float) -> None:
+        """The request's spans ended; a failure of tracing costs its spans, never the request."""
+        try:
+            record.trace.finish(record, end)
+        except Exception:
+            log.exception("tracing a request failed", extra={"fields": {"request_id": record.request_id}})
 
     async def _internal_fault(self, exc: Exception, send: Any, rid: str) -> None:
         """The sidecar's own code failed this request (a bug): counted, logged with its traceback,
@@ -375,6 +398,8 @@ class Relay:
             check_cost(payload, self.cost_limits, entry.chat)
         except errors.ApiError as exc:
             raise _reject(self.metrics, exc) from None
+        if record.trace is not None and isinstance(model := payload.get("model"), str):
+            record.model = model[:256]
         demand = None
         changed = False
         if tenant.tokens_per_minute:
@@ -411,13 +436,27 @@ class Relay:
             target += b"?" + qs
         pacing = _Pacing(hook)
         record.sent_at = time.perf_counter()
-        resp = await self._open(scope["method"], target, fwd, body, record)
+        if record.trace is not None:
+            # The engine's spans continue the sidecar's trace, not whatever the client sent.
+            fwd = [(n, v) for n, v in fwd if n != b"traceparent"]
+            fwd.append((b"traceparent", record.trace.engine_traceparent(target, record.sent_at)))
         try:
+            resp = await self._open(scope["method"], target, fwd, body, record)
+        finally:
+            if record.trace is not None:
+                record.engine_done_at = time.perf_counter()  # a failed open ends the engine span here
+        try:
+            if record.trace is not None:
+                record.engine_status = resp.status
+                if resp.opened_at >= record.sent_at:  # a connection opened for this request
+                    record.connected_at = resp.opened_at
             if resp.status >= 400:
                 return await self._relay_error(send, resp, rid, record)
             return await self._stream(send, route, resp, rid, record, t0, ticket, pacing)
         finally:
             resp.release()  # closes the connection unless the response was read to its end
+            if record.trace is not None:
+                record.engine_done_at = time.perf_counter()
 
     def _upstream_failed(self, exc: UpstreamError, record: RequestRecord) -> errors.ApiError:
         """Count, log and map a failure talking to the engine; tell readiness unless it was only slow."""

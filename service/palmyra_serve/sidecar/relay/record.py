@@ -28,6 +28,7 @@ ACCESS_LOG_KEYS: dict[str, str] = {
     "itl_ms": "a generation's mean gap per token, streamed or not",
     "client_paced": "that gap was set by the client's reading, not by the engine",
     "engine_error_event": "the engine ended the stream with an error event of its own",
+    "trace_id": "the request's trace (W3C trace id, 32 hex digits), when tracing records it",
     "tenant": "the tenant whose key the request carried (`default` for the plain keys)",
     "completion_tokens": "tokens generated, as the engine counted them",
     "prompt_tokens": "prompt tokens, as the engine counted them",
@@ -72,6 +73,16 @@ class RequestRecord:
     # learns nothing from it: failures are health's to judge, never a reason to lower the limit.
     engine_failed: bool = False
     sent_at: float = 0.0  # perf_counter when the request went to the engine
+    # Not logged, tracing only (observability/tracing.py; perf_counter times): the request's
+    # RequestTrace, when admission began, when a new engine connection opened for it, the engine's
+    # status, when its answer ended, and the model the body named.
+    trace: Any = None
+    trace_id: str | None = None
+    admit_at: float = 0.0
+    connected_at: float = 0.0
+    engine_status: int = 0
+    engine_done_at: float = 0.0
+    model: str | None = None
 
     def gap_to_learn(self) -> float | None:
         """The inter-token gap admission may learn from: only an engine-paced, successful
@@ -100,6 +111,8 @@ class RequestRecord:
                 fields["client_paced"] = True
         if self.engine_error_event:
             fields["engine_error_event"] = True
+        if self.trace_id is not None:
+            fields["trace_id"] = self.trace_id
         if self.tenant is not None:
             fields["tenant"] = self.tenant
         if self.completion_tokens is not None:

@@ -67,6 +67,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.paused = False
         self.idle_since = 0.0
         self.wait_since = 0.0
+        self.opened_at = 0.0  # perf_counter when connected (a trace's `connect` event)
         self.silence_timer: asyncio.TimerHandle | None = None
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.reset()
@@ -255,6 +256,11 @@ class EngineResponse:
         return conn.take_body()
 
     @property
+    def opened_at(self) -> float:
+        """When its connection was opened (perf_counter)."""
+        return self._conn.opened_at
+
+    @property
     def finished(self) -> bool:
         """The whole body arrived and was read: what read_some returned last was its end."""
         conn = self._conn
@@ -340,6 +346,7 @@ class EnginePool:
             raise UpstreamTimeout(f"connecting to the engine took over {self.connect_timeout_s} s") from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to the engine: {exc}") from None
+        conn.opened_at = time.perf_counter()
         sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, ENGINE_RCVBUF)

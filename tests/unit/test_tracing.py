@@ -1,0 +1,110 @@
+"""The spans a request's record turns into (sidecar/observability/tracing.py), read from the SDK's
+in-memory exporter beside the real OTLP one: the verdict of a refused request, a 5xx marked as an
+error, sampling at the configured ratio, and a client's unsampled traceparent kept."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.observability.tracing import Tracing
+from palmyra_serve.sidecar.relay.record import RequestRecord
+
+URL = "http://127.0.0.1:9/v1/traces"  # never reached: the in-memory exporter is what is read
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
+    tracing = Tracing(Settings(otlp_traces_endpoint=URL))
+    memory = InMemorySpanExporter()
+    tracing.provider.add_span_processor(SimpleSpanProcessor(memory))
+    yield tracing, memory
+    tracing.shutdown()
+
+
+def scope(traceparent: str | None = None, path: str = "/v1/chat/completions") -> dict:
+    headers = [(b"traceparent", traceparent.encode())] if traceparent else []
+    return {"method": "POST", "path": path, "headers": headers, "client": ("10.0.0.7", 5555)}
+
+
+def test_a_request_refused_in_the_queue_has_an_admission_span_with_its_verdict_and_no_engine_span(traced):
+    tracing, memory = traced
+    t0 = time.perf_counter()
+    record = RequestRecord("r1", "POST", "/v1/chat/completions", "chat_completions", tenant="search")
+    rt = tracing.start(scope(), record, t0)
+    record.admit_at = t0 + 0.001
+    record.status, record.error, record.queue_wait_s = 429, "queue_timeout", 0.5
+    rt.finish(record, t0 + 0.6)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert set(spans) == {"POST /v1/chat/completions", "admission"}
+    root, admission = spans["POST /v1/chat/completions"], spans["admission"]
+    assert admission.attributes["palmyra.admission.verdict"] == "queue_timeout"
+    assert admission.attributes["palmyra.admission.queue_wait_s"] == 0.5
+    assert root.attributes["http.response.status_code"] == 429
+    assert root.attributes["gen_ai.operation.name"] == "chat"
+    assert root.attributes["palmyra.tenant"] == "search" and root.attributes["palmyra.error"] == "queue_timeout"
+    assert root.attributes["client.address"] == "10.0.0.7"
+    assert root.status.status_code == StatusCode.UNSET  # a 4xx is the client's, not the server's error
+    assert round((root.end_time - root.start_time) / 1e6) == 600
+
+
+def test_an_engine_failure_marks_both_spans_as_errors(traced):
+    tracing, memory = traced
+    t0 = time.perf_counter()
+    record = RequestRecord("r2", "POST", "/v1/completions", "completions")
+    rt = tracing.start(scope(path="/v1/completions"), record, t0)
+    record.admit_at = record.sent_at = t0 + 0.001
+    header = rt.engine_traceparent(b"/v1/completions", record.sent_at)
+    record.status, record.upstream_error, record.upstream_detail = 503, "engine_unavailable", "refused"
+    rt.finish(record, t0 + 0.01)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    engine = spans["POST"]
+    context = engine.context
+    assert header.decode() == f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    assert context.trace_flags.sampled
+    assert engine.attributes["error.type"] == "engine_unavailable"
+    assert engine.status.status_code == StatusCode.ERROR
+    assert spans["POST /v1/completions"].attributes["error.type"] == "503"
+    assert spans["admission"].attributes["palmyra.admission.verdict"] == "admitted"
+
+
+def test_ratio_zero_records_nothing_and_tells_the_engine_so():
+    tracing = Tracing(Settings(otlp_traces_endpoint=URL, trace_sample_ratio=0.0))
+    memory = InMemorySpanExporter()
+    tracing.provider.add_span_processor(SimpleSpanProcessor(memory))
+    try:
+        t0 = time.perf_counter()
+        record = RequestRecord("r3", "POST", "/v1/completions", "completions")
+        rt = tracing.start(scope(), record, t0)
+        assert rt.trace_id is None  # nothing recorded: no id in the access log
+        flags = int(rt.engine_traceparent(b"/v1/completions", t0).rsplit(b"-", 1)[1], 16)
+        assert not flags & 1  # W3C: the sampled bit clear (the SDK may set bit 1, "random")
+        record.status = 200
+        rt.finish(record, t0 + 0.01)
+        assert memory.get_finished_spans() == ()
+    finally:
+        tracing.shutdown()
+
+
+def test_a_clients_sampled_traceparent_wins_over_a_zero_ratio_and_an_invalid_one_starts_a_trace():
+    tracing = Tracing(Settings(otlp_traces_endpoint=URL, trace_sample_ratio=0.0))
+    try:
+        t0 = time.perf_counter()
+        record = RequestRecord("r4", "POST", "/v1/completions", "completions")
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        assert tracing.start(scope(parent), record, t0).trace_id == "0af7651916cd43dd8448eb211c80319c"
+        for bad in ("00-" + "0" * 32 + "-b7ad6b7169203331-01", "garbage", "ff-0af7651916cd43dd8448eb211c80319c-xyz-01"):
+            assert tracing.start(scope(bad), record, t0).trace_id is None  # ratio 0: a new, unsampled trace
+    finally:
+        tracing.shutdown()
+
+
+def test_an_endpoint_that_is_not_an_http_url_stops_the_start():
+    with pytest.raises(ValueError, match="OTLP/HTTP"):
+        Settings(otlp_traces_endpoint="otel-collector:4317")
