@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -32,7 +33,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.helpers import procs  # the test helpers start and stop the real processes
@@ -254,6 +258,7 @@ def workload_a(
     load: str = "wrk",
     names: tuple[str, ...] = ("direct", "nginx", "sidecar"),
     tenants: bool = False,
+    tracing: bool = False,
 ) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
@@ -281,7 +286,15 @@ def workload_a(
         }
         if tenants:
             env.update(tenants_env(log_dir))
-        with procs.sidecar(f"http://127.0.0.1:{engine_port}", log_dir, extra_env=env) as sidecar:
+        sink = span_sink() if tracing else contextlib.nullcontext("")
+        with (
+            sink as sink_url,
+            procs.sidecar(
+                f"http://127.0.0.1:{engine_port}",
+                log_dir,
+                extra_env={**env, "PALMYRA_OTLP_TRACES_ENDPOINT": sink_url} if tracing else env,
+            ) as sidecar,
+        ):
             import psutil
 
             sidecar_pids = [sidecar.proc.pid] + [c.pid for c in psutil.Process(sidecar.proc.pid).children(True)]
@@ -322,6 +335,34 @@ def workload_a(
             procs.stop(nginx, timeout_s=5)
         procs.stop(engine, timeout_s=5)
     return results
+
+
+@contextlib.contextmanager
+def span_sink() -> Iterator[str]:
+    """An OTLP/HTTP endpoint that takes every export and keeps nothing (a thread of this process,
+    so its CPU is not the sidecar's): what the sidecar pays for tracing is its own spans and its
+    exporter, with every request sampled."""
+
+    class Sink(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def tenants_env(log_dir: Path) -> dict[str, str]:
@@ -531,6 +572,9 @@ def main() -> int:
     parser.add_argument(
         "--tenants", action="store_true", help="workload A: the key as a tenant's, with requests and tokens limits"
     )
+    parser.add_argument(
+        "--tracing", action="store_true", help="workload A: tracing on, every request sampled, spans to a sink"
+    )
     args = parser.parse_args()
     names = tuple(name for name in ("direct", "nginx", "sidecar") if name in args.targets.split(","))
     if not {"direct", "sidecar"} <= set(names):
@@ -555,6 +599,7 @@ def main() -> int:
                 args.load,
                 names,
                 args.tenants,
+                args.tracing,
             )
             if args.workload in ("A", "all")
             else None
