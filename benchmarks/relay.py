@@ -258,7 +258,7 @@ def workload_a(
     load: str = "wrk",
     names: tuple[str, ...] = ("direct", "nginx", "sidecar"),
     tenants: bool = False,
-    tracing: bool = False,
+    tracing: float | None = None,
 ) -> dict:
     engine_port, nginx_port = procs.free_port(), procs.free_port()
     lua = log_dir / "post.lua"
@@ -286,13 +286,15 @@ def workload_a(
         }
         if tenants:
             env.update(tenants_env(log_dir))
-        sink = span_sink() if tracing else contextlib.nullcontext("")
+        sink = span_sink() if tracing is not None else contextlib.nullcontext("")
         with (
             sink as sink_url,
             procs.sidecar(
                 f"http://127.0.0.1:{engine_port}",
                 log_dir,
-                extra_env={**env, "PALMYRA_OTLP_TRACES_ENDPOINT": sink_url} if tracing else env,
+                extra_env=env
+                if tracing is None
+                else {**env, "PALMYRA_OTLP_TRACES_ENDPOINT": sink_url, "PALMYRA_TRACE_SAMPLE_RATIO": str(tracing)},
             ) as sidecar,
         ):
             import psutil
@@ -341,7 +343,7 @@ def workload_a(
 def span_sink() -> Iterator[str]:
     """An OTLP/HTTP endpoint that takes every export and keeps nothing (a thread of this process,
     so its CPU is not the sidecar's): what the sidecar pays for tracing is its own spans and its
-    exporter, with every request sampled."""
+    exporter."""
 
     class Sink(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -573,7 +575,12 @@ def main() -> int:
         "--tenants", action="store_true", help="workload A: the key as a tenant's, with requests and tokens limits"
     )
     parser.add_argument(
-        "--tracing", action="store_true", help="workload A: tracing on, every request sampled, spans to a sink"
+        "--tracing",
+        type=float,
+        nargs="?",
+        const=1.0,
+        metavar="RATIO",
+        help="workload A: tracing on, this share of requests sampled (default 1), spans sent to a sink",
     )
     args = parser.parse_args()
     names = tuple(name for name in ("direct", "nginx", "sidecar") if name in args.targets.split(","))

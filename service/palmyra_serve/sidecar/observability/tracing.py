@@ -185,34 +185,38 @@ class RequestTrace:
                 engine.add_event("connect", timestamp=self._ns(record.connected_at))
             if record.ttft_s is not None:
                 engine.add_event("first_token", timestamp=self._ns(self.t0 + record.ttft_s))
+            failed: dict[str, str | int] = {}
             if record.engine_status:
-                engine.set_attribute("http.response.status_code", record.engine_status)
+                failed["http.response.status_code"] = record.engine_status
                 if record.engine_status >= 500:
-                    engine.set_attribute("error.type", str(record.engine_status))
-                    engine.set_status(Status(StatusCode.ERROR))
+                    failed["error.type"] = str(record.engine_status)
             if record.upstream_error is not None:
-                engine.set_attribute("error.type", record.upstream_error)
+                failed["error.type"] = record.upstream_error
+            engine.set_attributes(failed)
+            if "error.type" in failed:
                 engine.set_status(Status(StatusCode.ERROR, record.upstream_detail))
             engine.end(self._ns(record.engine_done_at or end))
+        # One call with every attribute: each set_attribute takes the span's lock.
         status = record.status
-        root.set_attribute("http.response.status_code", status)
+        attributes: dict[str, str | int | bool] = {"http.response.status_code": status}
         if status >= 500:
-            root.set_attribute("error.type", str(status))
+            attributes["error.type"] = str(status)
             root.set_status(Status(StatusCode.ERROR))
         operation = OPERATION.get(record.route)
         if operation is not None:
-            root.set_attribute("gen_ai.operation.name", operation)
-            root.set_attribute("gen_ai.request.model", record.model or self.tracing.model)
+            attributes["gen_ai.operation.name"] = operation
+            attributes["gen_ai.request.model"] = record.model or self.tracing.model
             if record.prompt_tokens is not None:
-                root.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+                attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
             if record.completion_tokens is not None:
-                root.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+                attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
         if record.tenant is not None:
-            root.set_attribute("palmyra.tenant", record.tenant)
+            attributes["palmyra.tenant"] = record.tenant
         if record.error is not None:
-            root.set_attribute("palmyra.error", record.error)
+            attributes["palmyra.error"] = record.error
         if record.truncated:
-            root.set_attribute("palmyra.truncated", True)
+            attributes["palmyra.truncated"] = True
         if record.client_disconnected:
-            root.set_attribute("palmyra.client_disconnected", True)
+            attributes["palmyra.client_disconnected"] = True
+        root.set_attributes(attributes)
         root.end(end_ns)
