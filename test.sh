@@ -48,8 +48,8 @@ apt_install() {
 
 # Debian tools, each only when missing.
 debs=(curl:curl)
-has static && debs+=(prometheus:promtool)
-has app && debs+=(haproxy:haproxy prometheus:prometheus redis-server:redis-server)  # the rollout simulation; the autoscaler query on a live Prometheus; quotas shared through Redis
+has static && debs+=(prometheus:promtool prometheus-alertmanager:amtool)  # amtool checks the Alertmanager config
+has app && debs+=(haproxy:haproxy prometheus:prometheus redis-server:redis-server prometheus-alertmanager:prometheus-alertmanager)  # the rollout simulation; the autoscaler query and the alerts on a live Prometheus; quotas shared through Redis; alerts delivered by Alertmanager
 has engine && debs+=(prometheus:prometheus)
 has container && debs+=(podman:podman runc:runc debootstrap:debootstrap catatonit:catatonit)
 # vLLM 0.18's CPU engine refuses to start without tcmalloc preloaded (tests/helpers/engine_under_test.py).

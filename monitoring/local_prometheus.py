@@ -4,15 +4,15 @@
 For a local `palmyra-serve up` (no Compose, no Grafana) and for the tests that check the
 dashboards' queries and the alert rules against a real Prometheus:
 
-    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080
+    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080 [--alertmanager 127.0.0.1:9093]
     # prints the URL it listens on (a free loopback port); Ctrl-C stops it and deletes its storage
 
 The config is monitoring/prometheus/prometheus.yml with only the targets swapped (jobs without
-a target are dropped) and the rule files made absolute, so the jobs, metric paths, external
-labels and rules exercised are the ones deployed. Each sidecar is the target of two jobs, as in
-Compose and Kubernetes: `palmyra-sidecar` (its /metrics) and `palmyra-engine` (the engine's own
-page, relayed unchanged at /engine/metrics; the engine itself listens on loopback and is never
-scraped directly). Standard library only; needs a `prometheus` binary on PATH.
+a target are dropped; the Alertmanager is the one given, or none) and the rule files made
+absolute, so the jobs, metric paths and rules exercised are the ones deployed. Each sidecar is
+the target of two jobs, as in Compose and Kubernetes: `palmyra-sidecar` (its /metrics) and
+`palmyra-engine` (the engine's own page, relayed unchanged at /engine/metrics; the engine itself
+listens on loopback and is never scraped directly). Standard library only; needs a `prometheus` binary on PATH.
 """
 
 from __future__ import annotations
@@ -58,20 +58,32 @@ def render_config(
     scrape_interval: str = "1s",
     extra_jobs: list[dict] | None = None,
     external_labels: dict | None = None,
+    alertmanagers: list[str] | None = None,
+    rule_files: list[Path] | None = None,
 ) -> dict:
-    """The deployed config with `targets` (job name -> host:port list) instead of Compose names."""
+    """The deployed config with `targets` (job name -> host:port list) instead of Compose names.
+
+    `alertmanagers` (host:port list) replace the Compose service the deployed `alerting` block
+    names; without them the block is dropped, since that name resolves nowhere here and Prometheus
+    would log a failed send for every active alert. `rule_files` replace the deployed rules (a test
+    that shortens a rule's `for:` passes its own copy)."""
     cfg = copy.deepcopy(base)
     cfg["global"]["scrape_interval"] = scrape_interval
     cfg["global"]["evaluation_interval"] = scrape_interval
     if external_labels:
         cfg["global"].setdefault("external_labels", {}).update(external_labels)
+    if alertmanagers:
+        [deployed] = cfg["alerting"]["alertmanagers"]
+        cfg["alerting"]["alertmanagers"] = [dict(deployed, static_configs=[{"targets": list(alertmanagers)}])]
+    else:
+        cfg.pop("alerting", None)
     jobs = []
     for job in cfg["scrape_configs"] + list(extra_jobs or []):
         if job["job_name"] in targets:
             job = dict(job, scrape_interval=scrape_interval, static_configs=[{"targets": targets[job["job_name"]]}])
             jobs.append(job)
     cfg["scrape_configs"] = jobs
-    cfg["rule_files"] = [str(p) for p in sorted(RULES_DIR.glob("*.yml"))]
+    cfg["rule_files"] = [str(p) for p in (rule_files or sorted(RULES_DIR.glob("*.yml")))]
     return cfg
 
 
@@ -174,13 +186,24 @@ def main() -> int:
         help="host:port of a sidecar (repeatable); its engine is scraped through it",
     )
     ap.add_argument("--npu-exporter", action="append", default=[], help="host:port of an npu-exporter")
+    ap.add_argument(
+        "--alertmanager",
+        action="append",
+        default=[],
+        help="host:port of an Alertmanager to send alerts to (repeatable; none: alerts stay in Prometheus)",
+    )
     ap.add_argument("--scrape-interval", default="5s")
     args = ap.parse_args()
     import yaml  # only the CLI needs it (PyYAML, in the test extras); the tests pass a parsed dict
 
     base = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     prom = LocalPrometheus(
-        render_config(base, scrape_targets(args.sidecar, args.npu_exporter), scrape_interval=args.scrape_interval)
+        render_config(
+            base,
+            scrape_targets(args.sidecar, args.npu_exporter),
+            scrape_interval=args.scrape_interval,
+            alertmanagers=args.alertmanager,
+        )
     )
     with prom:
         proc = prom.proc

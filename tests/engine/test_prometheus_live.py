@@ -29,7 +29,6 @@ pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vl
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
-BASE_URL = "https://runbooks.example/palmyra.md"
 RATE_WINDOW = "1m"  # stands in for Grafana's $__rate_interval: covers both traffic waves
 
 # Panel targets ("dashboard uid / panel title / legend") allowed to stay empty here, each with the
@@ -77,7 +76,6 @@ def live_prometheus(engine_server, sidecar_server, dead_sidecar):
             "palmyra-engine": [_hostport(sidecar_server.url)],
         },
         scrape_interval="1s",
-        external_labels={"runbook_base_url": BASE_URL},
     )
     with local_prometheus.LocalPrometheus(cfg) as prom:
 
@@ -259,22 +257,38 @@ def test_alert_rules_load_and_evaluate_ok(traffic, live_prometheus):
     assert not bad
 
 
+def runbook_base() -> str:
+    """The base every runbook link starts with: the recording rule palmyra:runbook_base_url's label."""
+    rules = yaml.safe_load((MON / "prometheus" / "rules" / "palmyra-alerts.yml").read_text(encoding="utf-8"))
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("record") == "palmyra:runbook_base_url"]
+    return rule["labels"]["url"]
+
+
 def test_alerts_single_out_the_broken_replica(traffic, live_prometheus, engine_server, sidecar_server, dead_sidecar):
-    """The sidecar without an engine gets PalmyraReplicaNotReady (pending: `for: 10m`) with the
-    runbook link built from the external label, but not PalmyraEngineDown (an engine that never
-    came up is a start, not an outage); the healthy pair has no per-instance alert at all."""
+    """The sidecar without an engine gets PalmyraReplicaNeverReady (pending: `for: 21m`) with the
+    runbook link rendered from the recording rule, but neither PalmyraEngineDown (an engine that
+    never came up is a start, not an outage) nor PalmyraReplicaLostReadiness (it was never ready);
+    the healthy pair, which serves the tiny stand-in, has PalmyraStandInWeights and no other
+    per-instance alert."""
     dead, live = _hostport(dead_sidecar.url), {_hostport(sidecar_server.url), _hostport(engine_server.url)}
 
-    def not_ready():
+    def active(name):
         alerts = live_prometheus.api("alerts")["data"]["alerts"]
-        return [a for a in alerts if a["labels"]["alertname"] == "PalmyraReplicaNotReady"]
+        return [a for a in alerts if a["labels"]["alertname"] == name]
 
-    alerts = wait_until(not_ready, 30, "PalmyraReplicaNotReady for the sidecar without engine")
+    alerts = wait_until(
+        lambda: active("PalmyraReplicaNeverReady"), 30, "PalmyraReplicaNeverReady for the sidecar without engine"
+    )
     assert [(a["labels"].get("instance"), a["state"]) for a in alerts] == [(dead, "pending")]
-    assert alerts[0]["annotations"]["runbook_url"] == BASE_URL + "#palmyrareplicanotready"
-    active = live_prometheus.api("alerts")["data"]["alerts"]
-    assert not [a for a in active if a["labels"]["alertname"] == "PalmyraEngineDown"], active
+    assert alerts[0]["annotations"]["runbook_url"] == runbook_base() + "#palmyrareplicaneverready"
+    stand_in = wait_until(lambda: active("PalmyraStandInWeights"), 30, "PalmyraStandInWeights for the stand-in pair")
+    assert [a["labels"].get("instance") for a in stand_in] == [_hostport(sidecar_server.url)]
+    everything = live_prometheus.api("alerts")["data"]["alerts"]
+    for name in ("PalmyraEngineDown", "PalmyraReplicaLostReadiness"):
+        assert not [a for a in everything if a["labels"]["alertname"] == name], everything
     on_live = [
-        (a["labels"]["alertname"], a["labels"].get("instance")) for a in active if a["labels"].get("instance") in live
+        (a["labels"]["alertname"], a["labels"].get("instance"))
+        for a in everything
+        if a["labels"].get("instance") in live and a["labels"]["alertname"] != "PalmyraStandInWeights"
     ]
     assert not on_live, f"alerts on the healthy replica: {on_live}"

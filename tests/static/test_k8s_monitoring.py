@@ -1,30 +1,42 @@
 """Monitoring and autoscaling objects of k8s/: the PrometheusRule is the Compose rules file,
 dashboards are the Compose dashboard files (the generator writes both copies; the k8s one lives
 inside the component's root so plain kustomize loads it), monitors scrape the ports and jobs the
-rules expect (both through the sidecar's port: the engine's metrics at /engine/metrics), and exactly
-one autoscaler scales, on the sidecars' demand."""
+rules expect (both through the sidecar's port: the engine's metrics at /engine/metrics), exactly
+one autoscaler scales, on the sidecars' demand; the "never ready" alert waits out the largest
+startup-probe budget any overlay renders; the AlertmanagerConfig example validates against its CRD
+and routes as Compose's Alertmanager does."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
+import subprocess
 
+import jsonschema
 import pytest
 import yaml
 
 from tests.helpers.modules import load_module
 from tests.static.test_k8s import (
     CORE_API_GROUPS,
+    EXAMPLES,
     K8S,
     OPT_IN,
     OVERLAYS,
     REPO,
     TARGET_IDS,
     TARGETS,
+    CrdLoader,
+    _kubectl,
+    _strict,
+    assert_valid,
+    crd_validators,  # noqa: F401  (a fixture: the tests below take it by name)
+    load_crd,
     one,
     pod_spec,
     render,
+    render_example,
     sidecar_listens,
 )
 
@@ -315,3 +327,213 @@ def test_every_overlay_applies_with_core_apis_alone_and_the_opt_ins_add_their_ki
     for overlay in MONITORED:
         kinds = {o["kind"] for o in render(overlay, OPT_IN)}
         assert {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds, overlay
+
+
+# --- alerts against the manifests ----------------------------------------------------------------
+
+NEVER_READY = "PalmyraReplicaNeverReady"
+# The warmup after an engine that answers at its startup probe's last try (about 100 s for the
+# full-size model on CPU, benchmarks/results/startup.md) must fit between the probe's budget and
+# the alert; more than this, and a start the probe has given up on goes unreported for longer.
+WARMUP_ALLOWANCE_S = 300
+DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration (`21m`, `1h30m`) in seconds."""
+    parts = DURATION.findall(duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"not a Prometheus duration: {duration!r}"
+    return sum(int(n) * UNIT_S[u] for n, u in parts)
+
+
+def _alert(name: str) -> dict:
+    return next(r for g in _rules()["groups"] for r in g["rules"] if r.get("alert") == name)
+
+
+def startup_budget_s(objects: list[dict]) -> float:
+    """The longest start the kubelet allows a container of the Deployment before it restarts it:
+    initialDelaySeconds + periodSeconds x failureThreshold of its startupProbe (Kubernetes'
+    defaults where unset), the largest over the pod's containers."""
+    budgets = [
+        probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+        for c in pod_spec(objects)["containers"]
+        if (probe := c.get("startupProbe"))
+    ]
+    assert budgets, "no container has a startup probe: the never-ready alert's wait has no anchor"
+    return max(budgets)
+
+
+def assert_never_ready_waits_out_the_startup_probe(budget_s: float, for_s: float) -> None:
+    # Fires only once the probe has given up on a start (never during one it still allows), and
+    # no later than the warmup allowance after that.
+    assert budget_s <= for_s, f"{NEVER_READY} fires after {for_s:.0f} s, inside the probe's {budget_s:.0f} s"
+    assert for_s <= budget_s + WARMUP_ALLOWANCE_S, (
+        f"{NEVER_READY} waits {for_s:.0f} s, more than {WARMUP_ALLOWANCE_S} s past the probe's {budget_s:.0f} s"
+    )
+
+
+def test_never_ready_waits_out_the_largest_startup_probe_any_overlay_renders():
+    """Every overlay, alone and with its components, and every example overlay, rendered by the
+    real kustomize: the largest startup-probe budget is what the alert's `for:` must outlast (the
+    probe restarts the engine container, not the sidecar, so the sidecar's count of successful
+    warmups stays 0 across such a restart)."""
+    rendered = {f"{o}{''.join('+' + c for c in comps)}": render(o, comps) for o, comps in TARGETS}
+    rendered |= {
+        f"example {p.parent.name}": render_example(p.parent.name) for p in EXAMPLES.glob("*/kustomization.yaml")
+    }
+    budgets = {name: startup_budget_s(objects) for name, objects in rendered.items()}
+    largest = max(budgets.values())
+    for_s = seconds(_alert(NEVER_READY)["for"])
+    print(
+        f"startup probe budget: largest {largest:.0f} s ({max(budgets, key=budgets.__getitem__)}); "
+        f"{NEVER_READY} for: {for_s:.0f} s"
+    )
+    assert largest == 1080, f"the base's 108 x 10 s changed: {budgets}"  # keep docs/runbooks.md in step
+    assert_never_ready_waits_out_the_startup_probe(largest, for_s)
+
+
+def test_the_startup_probe_check_can_fail():
+    objects = render("cpu")
+    for_s = seconds(_alert(NEVER_READY)["for"])
+    assert_never_ready_waits_out_the_startup_probe(startup_budget_s(objects), for_s)
+    engine = next(c for c in pod_spec(objects)["containers"] if c.get("startupProbe"))
+    engine["startupProbe"]["failureThreshold"] *= 2  # a slower accelerator's start, the alert left alone
+    with pytest.raises(AssertionError, match="inside the probe"):
+        assert_never_ready_waits_out_the_startup_probe(startup_budget_s(objects), for_s)
+    engine["startupProbe"]["failureThreshold"] //= 4  # a faster start: the alert now waits far too long
+    with pytest.raises(AssertionError, match="more than"):
+        assert_never_ready_waits_out_the_startup_probe(startup_budget_s(objects), for_s)
+    assert seconds("1h30m") == 5400 and seconds("21m") == 1260
+
+
+AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|group|stddev|stdvar)\s*(by|without)?\s*(\([^()]*\))?\s*\(")
+
+
+def dropped_namespace(expr: str) -> list[str]:
+    """Aggregations in `expr` whose result has no `namespace` label."""
+    found = []
+    for match in AGGREGATION.finditer(expr):
+        _op, modifier, labels = match.groups()
+        names = {n.strip() for n in (labels or "()")[1:-1].split(",") if n.strip()}
+        kept = "namespace" in names if modifier == "by" else modifier == "without" and "namespace" not in names
+        if not kept:
+            found.append(match.group(0))
+    return found
+
+
+def test_every_alert_keeps_the_namespace_of_its_series():
+    """The AlertmanagerConfig routes only alerts labelled with its own namespace (the operator adds
+    that matcher), so an aggregation that drops `namespace`, in an alert or in a recording rule one
+    reads, would send that alert nowhere in Kubernetes."""
+    rules = [r for g in _rules()["groups"] for r in g["rules"]]
+    recorded = {r["record"]: str(r["expr"]) for r in rules if "record" in r}
+    for rule in rules:
+        if "alert" not in rule:
+            continue
+        expr = str(rule["expr"])
+        exprs = [expr] + [text for name, text in recorded.items() if re.search(re.escape(name) + r"(?![\w:])", expr)]
+        for text in exprs:
+            assert not dropped_namespace(text), f"{rule['alert']}: {dropped_namespace(text)} drops namespace"
+    assert dropped_namespace("sum by (job) (rate(x[5m]))") and dropped_namespace("max(x)")
+    assert not dropped_namespace("sum by (namespace, job) (x) > on() group_left() max_over_time(y[5m])")
+
+
+# --- the AlertmanagerConfig example --------------------------------------------------------------
+
+ALERTMANAGER_EXAMPLE = K8S / "monitoring" / "alertmanager"
+COMPOSE_ALERTMANAGER = REPO / "monitoring" / "alertmanager" / "alertmanager.yml"
+CRDS = REPO / "tests" / "data" / "schemas" / "crds"
+
+
+def render_alertmanager_example() -> list[dict]:
+    _kubectl()
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(ALERTMANAGER_EXAMPLE)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    # kustomize writes the matchers' `=` bare, which PyYAML alone would not take for a string.
+    return [doc for doc in yaml.load_all(result.stdout, Loader=CrdLoader) if doc]  # a SafeLoader subclass
+
+
+def child_route_validator() -> jsonschema.protocols.Validator:
+    """The CRD's own schema of a route, for the child routes, which the CRD keeps as free-form JSON
+    (a recursive type; the operator parses them into the same struct): unknown fields are errors."""
+    crd = load_crd(CRDS / "monitoring.coreos.com_alertmanagerconfigs.yaml")
+    [version] = crd["spec"]["versions"]
+    route = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["route"]
+    return jsonschema.Draft7Validator(_strict(route))
+
+
+def assert_child_routes_valid(route: dict, validator: jsonschema.protocols.Validator) -> None:
+    for child in route.get("routes", []):
+        errors = [f"{e.message} at {list(e.path)}" for e in validator.iter_errors(child)]
+        assert not errors, f"child route {child}: {errors}"
+        assert_child_routes_valid(child, validator)
+
+
+def _matchers(matchers: list[dict]) -> list[str]:
+    return [f'{m["name"]}{m.get("matchType", "=")}"{m["value"]}"' for m in matchers]
+
+
+def assert_routes_as_compose_does(spec: dict, compose: dict) -> None:
+    """The example's routing is the Compose Alertmanager's, field by field (camelCase there)."""
+    route, want = spec["route"], compose["route"]
+    assert route["groupBy"] == want["group_by"]
+    for camel, snake in (
+        ("groupWait", "group_wait"),
+        ("groupInterval", "group_interval"),
+        ("repeatInterval", "repeat_interval"),
+    ):
+        assert route[camel] == want[snake], camel
+    children = [(_matchers(c["matchers"]), c["repeatInterval"]) for c in route["routes"]]
+    assert children == [(c["matchers"], c["repeat_interval"]) for c in want["routes"]]
+    [webhook] = next(r for r in spec["receivers"] if r["name"] == route["receiver"])["webhookConfigs"]
+    assert webhook["sendResolved"] is True and "url" not in webhook, "the URL is a secret: from the Secret only"
+    assert webhook["urlSecret"] == {"name": "palmyra-serve-alert-webhook", "key": "url"}
+    inhibit = [
+        {
+            "source_matchers": _matchers(r["sourceMatch"]),
+            "target_matchers": _matchers(r["targetMatch"]),
+            "equal": r["equal"],
+        }
+        for r in spec["inhibitRules"]
+    ]
+    assert inhibit == compose["inhibit_rules"]
+
+
+def test_the_alertmanagerconfig_example_validates_and_routes_as_compose_does(crd_validators):  # noqa: F811
+    objects = render_alertmanager_example()
+    assert [o["kind"] for o in objects] == ["AlertmanagerConfig"]
+    assert_valid(objects, crd_validators)  # strict: a field the API server would prune is an error
+    [config] = objects
+    assert_child_routes_valid(config["spec"]["route"], child_route_validator())
+    compose = yaml.safe_load(COMPOSE_ALERTMANAGER.read_text(encoding="utf-8"))
+    assert_routes_as_compose_does(config["spec"], compose)
+    # The alerts it names exist.
+    names = {r["alert"] for g in _rules()["groups"] for r in g["rules"] if "alert" in r}
+    for rule in config["spec"]["inhibitRules"]:
+        for m in rule["sourceMatch"] + rule["targetMatch"]:
+            assert m["name"] != "alertname" or m["value"] in names, m
+    # An example, not part of what `kubectl apply -k` of an overlay (with the opt-ins) applies.
+    for overlay in MONITORED:
+        assert "AlertmanagerConfig" not in {o["kind"] for o in render(overlay, OPT_IN)}, overlay
+
+
+def test_the_alertmanagerconfig_checks_can_fail(crd_validators):  # noqa: F811
+    [good] = render_alertmanager_example()
+    compose = yaml.safe_load(COMPOSE_ALERTMANAGER.read_text(encoding="utf-8"))
+    typo = copy.deepcopy(good)
+    typo["spec"]["receivers"][0]["webhookConfigs"][0]["urlSecrets"] = typo["spec"]["receivers"][0]["webhookConfigs"][
+        0
+    ].pop("urlSecret")
+    with pytest.raises(AssertionError, match="violates its CRD"):
+        assert_valid([typo], crd_validators)
+    child = copy.deepcopy(good)
+    child["spec"]["route"]["routes"][0]["repeat_interval"] = "1h"  # Compose's spelling, pruned by the operator
+    with pytest.raises(AssertionError, match="child route"):
+        assert_child_routes_valid(child["spec"]["route"], child_route_validator())
+    drift = copy.deepcopy(good)
+    drift["spec"]["route"]["routes"][0]["repeatInterval"] = "12h"
+    with pytest.raises(AssertionError):
+        assert_routes_as_compose_does(drift["spec"], compose)

@@ -1,6 +1,7 @@
 """Monitoring as code: Prometheus config and alert rules checked and unit-tested with promtool,
-Grafana dashboards checked for structure, runbook links resolved, and the NPU dashboard proven
-against a real Prometheus scraping Ascend npu-exporter's recorded /metrics page."""
+the Alertmanager config checked with amtool, Grafana dashboards checked for structure, runbook
+links resolved (each section justifying its alert's `for:`), and the NPU dashboard proven against
+a real Prometheus scraping Ascend npu-exporter's recorded /metrics page."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import ClassVar
 import pytest
 import yaml
 
+from tests.helpers import alertmanager
 from tests.helpers.markdown import github_slug
 from tests.helpers.modules import load_module
 from tests.helpers.waiting import wait_until
@@ -26,11 +28,14 @@ RULES = PROM_DIR / "rules" / "palmyra-alerts.yml"
 UNIT_TESTS = PROM_DIR / "tests" / "palmyra-alerts.test.yml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
-RUNBOOK_PREFIX = "{{ $externalLabels.runbook_base_url }}#"
-TEST_BASE_URL = "https://runbooks.example/palmyra.md"
+# Every annotation reads the base from the recording rule (its `url` label), then the anchor.
+RUNBOOK_BASE_RULE = "palmyra:runbook_base_url"
+RUNBOOK_PREFIX = '{{ with query "palmyra:runbook_base_url" }}{{ . | first | label "url" }}{{ end }}#'
 
 EXPECTED_ALERTS = {
-    "PalmyraReplicaNotReady",
+    "PalmyraReplicaNeverReady",
+    "PalmyraReplicaLostReadiness",
+    "PalmyraStandInWeights",
     "PalmyraEngineDown",
     "PalmyraWarmupFailing",
     "PalmyraTTFTHigh",
@@ -129,6 +134,10 @@ def _recorded(name: str) -> dict:
     return next(r for g in _yaml(RULES)["groups"] for r in g["rules"] if r.get("record") == name)
 
 
+def runbook_base() -> str:
+    return _recorded(RUNBOOK_BASE_RULE)["labels"]["url"]
+
+
 def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("promtool")
     assert exe, "promtool missing: install Debian's `prometheus` package (./test.sh static does)"
@@ -177,6 +186,46 @@ def test_alert_set_and_annotations():
         assert ann["runbook_url"] == RUNBOOK_PREFIX + r["alert"].lower(), r["alert"]
 
 
+def test_the_runbook_base_is_one_recording_rule_evaluated_before_every_alert():
+    """The annotations find the base at the evaluation that renders them: a group evaluates its
+    rules in order, each committed before the next, so the rule leads the one group that holds
+    every alert. The unit tests expect the full links with that same base."""
+    groups = _yaml(RULES)["groups"]
+    holding = [g for g in groups if any("alert" in r for r in g["rules"])]
+    assert len(holding) == 1, "every alert in one group, after the base"
+    first, *rest = holding[0]["rules"]
+    assert first == {"record": RUNBOOK_BASE_RULE, "expr": "vector(1)", "labels": {"url": first["labels"]["url"]}}
+    assert all("alert" in r for r in rest)
+    base = runbook_base()
+    assert base.startswith("https://") and base.endswith("/docs/runbooks.md")
+    expected = [
+        a["exp_annotations"]["runbook_url"]
+        for case in _yaml(UNIT_TESTS)["tests"]
+        for t in case.get("alert_rule_test", [])
+        for a in t.get("exp_alerts", [])
+    ]
+    assert expected and all(url.startswith(base + "#") for url in expected), expected
+
+
+def runbook_sections() -> dict[str, str]:
+    """Heading -> text of each `## ` section of docs/runbooks.md."""
+    parts = re.split(r"^## (.+)$", RUNBOOKS.read_text(encoding="utf-8"), flags=re.M)
+    return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_every_alert_runbook_section_justifies_its_for():
+    """Each alert's section says why it waits as long as it does (`**`for: 10m`:**` and the
+    reasons), with the duration the rule has: a `for:` changed without its reasons fails here."""
+    sections = runbook_sections()
+    for r in _alert_rules():
+        text = sections[r["alert"]]
+        assert f"**`for: {r['for']}`:**" in text, (
+            f"{r['alert']}: its runbook section does not justify `for: {r['for']}`"
+        )
+        others = set(re.findall(r"\*\*`for: (\w+)`:\*\*", text)) - {r["for"]}
+        assert not others, f"{r['alert']}: its runbook section justifies another `for:` ({others})"
+
+
 def test_every_runbook_url_anchor_is_a_heading_in_runbooks_md():
     headings = re.findall(r"^## (.+)$", RUNBOOKS.read_text(encoding="utf-8"), flags=re.M)
     anchors = {github_slug(h) for h in headings}
@@ -187,7 +236,7 @@ def test_every_runbook_url_anchor_is_a_heading_in_runbooks_md():
     assert {h.strip() for h in headings} == EXPECTED_ALERTS
 
 
-def test_prometheus_config_jobs_rules_and_runbook_base():
+def test_prometheus_config_jobs_rules_and_alertmanager():
     cfg = _yaml(PROM_DIR / "prometheus.yml")
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     targets = {name: j["static_configs"][0]["targets"] for name, j in jobs.items()}
@@ -201,8 +250,87 @@ def test_prometheus_config_jobs_rules_and_runbook_base():
     assert paths == {"palmyra-sidecar": "/metrics", "palmyra-engine": "/engine/metrics", "npu-exporter": "/metrics"}
     matched = [p for pattern in cfg["rule_files"] for p in PROM_DIR.glob(pattern)]
     assert matched == [RULES], "rule_files must be relative to the config and match the rules file"
-    base = cfg["global"]["external_labels"]["runbook_base_url"]
-    assert base.startswith("https://") and base.endswith("/docs/runbooks.md")
+    # No external labels: Prometheus attaches them to everything it sends anywhere (the runbook
+    # base is a recording rule instead).
+    assert "external_labels" not in cfg["global"]
+    # Alerts go to the Compose service `alertmanager` (tests/static/test_containers_compose.py
+    # holds the name and port to the service), through the v2 API, the only one Prometheus 3 has.
+    [am] = cfg["alerting"]["alertmanagers"]
+    assert am == {"static_configs": [{"targets": ["alertmanager:9093"]}]}
+
+
+def test_local_prometheus_points_at_the_alertmanager_it_is_given():
+    base = _yaml(PROM_DIR / "prometheus.yml")
+    alone = local_prometheus.render_config(base, local_prometheus.scrape_targets(["127.0.0.1:1"]))
+    assert "alerting" not in alone, "no Alertmanager given: nothing to resolve `alertmanager` here"
+    sent = local_prometheus.render_config(base, {}, alertmanagers=["127.0.0.1:9093"])
+    assert sent["alerting"] == {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
+    assert base["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+
+
+# ------------------------------------------------------------------------------- Alertmanager
+def _amtool_check(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    exe = alertmanager.binary("amtool")
+    return subprocess.run([exe, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_amtool_checks_the_alertmanager_config(tmp_path):
+    """The shipped config as this machine's Alertmanager takes it: as it is from 0.26 on, with the
+    webhook URL file's content written into `url` before (Debian 12's 0.25 predates url_file)."""
+    config = alertmanager.shipped()
+    [hook] = alertmanager.webhooks(config)
+    assert hook == {"url_file": "/run/secrets/alertmanager-webhook-url", "send_resolved": True}
+    url_file = tmp_path / "alertmanager-webhook-url"
+    url_file.write_text("https://hooks.example/palmyra\n", encoding="utf-8")
+    amtool_version = alertmanager.version(alertmanager.binary("amtool"))
+    out = _amtool_check(alertmanager.for_version(config, url_file, amtool_version), tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    print(f"amtool {'.'.join(map(str, amtool_version))}: {out.stdout.strip().splitlines()[0]}")
+    if amtool_version < alertmanager.URL_FILE_SINCE:  # what the substitution stands in for
+        assert _amtool_check(config, tmp_path).returncode != 0, "0.25 refuses url_file: the substitution is needed"
+    # Routing as documented: one group per alert and replica; critical repeats sooner.
+    route = config["route"]
+    assert route["group_by"] == ["alertname", "job", "instance"] and route["receiver"] == "webhook"
+    [critical] = route["routes"]
+    assert critical["matchers"] == ['severity="critical"']
+    assert _seconds(critical["repeat_interval"]) < _seconds(route["repeat_interval"])
+
+
+def _seconds(duration: str) -> int:
+    return sum(int(n) * {"s": 1, "m": 60, "h": 3600}[u] for n, u in re.findall(r"(\d+)([smh])", duration))
+
+
+def test_the_commented_receiver_examples_are_valid(tmp_path):
+    text = (MON / "alertmanager" / "alertmanager.yml").read_text(encoding="utf-8")
+    block = re.search(r"# BEGIN EXAMPLE receivers\n(.*?)\n\s*# END EXAMPLE receivers", text, flags=re.S)
+    assert block, "the example receivers' markers"
+    examples = yaml.safe_load("\n".join(line.strip().removeprefix("# ") for line in block.group(1).splitlines()))
+    assert [e["name"] for e in examples] == ["email", "slack"]
+    for example in examples:  # secrets from files, like the webhook's URL
+        [kind] = [k for k in example if k.endswith("_configs")]
+        assert any(key.endswith("_file") for key in example[kind][0]), example
+    config = alertmanager.shipped()
+    config["receivers"] += examples
+    url_file = tmp_path / "url"
+    url_file.write_text("https://hooks.example/palmyra", encoding="utf-8")
+    for name in ("alertmanager-smtp-password", "alertmanager-slack-webhook-url"):
+        assert f"/run/secrets/{name}" in block.group(1)
+    version = alertmanager.version(alertmanager.binary("amtool"))
+    out = _amtool_check(alertmanager.for_version(config, url_file, version), tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_alertmanager_inhibitions_name_real_alerts():
+    config = alertmanager.shipped()
+    names = {
+        m.split("=", 1)[1].strip('"')
+        for r in config["inhibit_rules"]
+        for m in r["source_matchers"] + r["target_matchers"]
+        if m.startswith("alertname=")
+    }
+    assert names and names <= EXPECTED_ALERTS, names - EXPECTED_ALERTS
 
 
 def test_slo_constants_agree_between_rules_and_dashboard():
@@ -364,7 +492,6 @@ def npu_prometheus(data_dir):
         _yaml(PROM_DIR / "prometheus.yml"),
         {"npu-exporter": [addr], "npu-exporter-faulty": [addr]},
         extra_jobs=[{"job_name": "npu-exporter-faulty", "metrics_path": "/faulty/metrics"}],
-        external_labels={"runbook_base_url": TEST_BASE_URL},
     )
     prom = local_prometheus.LocalPrometheus(cfg)
     try:
@@ -446,7 +573,8 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
     assert [(a["labels"]["job"], a["labels"]["id"], a["state"]) for a in alerts] == [
         ("npu-exporter-faulty", "3", "pending")
     ]
-    assert alerts[0]["annotations"]["runbook_url"] == TEST_BASE_URL + "#palmyranpuunhealthy"
+    # the link in full, its base read from the recording rule by the `query` template function
+    assert alerts[0]["annotations"]["runbook_url"] == runbook_base() + "#palmyranpuunhealthy"
 
 
 # --- the engine's page, scraped through the sidecar ------------------------------------------------
