@@ -102,9 +102,7 @@ def test_a_stream_is_one_trace_that_continues_the_clients_and_reaches_the_engine
     assert [line.get("trace_id") for line in lines[-2:]] == [started, None]
 
 
-def test_off_by_default_the_clients_traceparent_passes_unchanged_and_nothing_is_logged(
-    engine, sidecar, client
-):
+def test_off_by_default_the_clients_traceparent_passes_unchanged_and_nothing_is_logged(engine, sidecar, client):
     header = _traceparent(os.urandom(16).hex(), os.urandom(8).hex())
     resp = client.post(f"{sidecar.url}/v1/completions", json=BODY, headers={"traceparent": header})
     assert resp.status_code == 200

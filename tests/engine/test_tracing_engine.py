@@ -54,7 +54,8 @@ def test_a_streamed_request_is_one_trace_across_sidecar_and_engine(engine_server
             for s in received
         )
     )
-    # vLLM 0.18.0 also exports its HTTP server's spans (FastAPI's instrumentation): keyed by service.
+    # With vLLM 0.18.0 the engine also exports its HTTP server's spans (FastAPI 0.165, which that venv
+    # resolves to, traces its own routes): spans are keyed by service and name.
     spans = {(s.service, s.name): s for s in received}
     root, upstream = spans[SIDECAR, "POST /v1/completions"], spans[SIDECAR, "POST"]
     engine = spans[ENGINE, "llm_request"]

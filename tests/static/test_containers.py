@@ -302,6 +302,8 @@ ALLOWED_URL_LINES = {
     r"\$\{PALMYRA_TORCH_INDEX:-": "the same index in bootstrap.sh, probed before use",
     r"org\.opencontainers\.image\.source=": "the project's source repository, an image label",
     r"\bHF_ENDPOINT\b": "the model hub (model-init's download), not a package index",
+    r"\bPALMYRA_OTLP_TRACES_ENDPOINT\b|//jaeger:4318/": "the trace collector (tracing), not a package index",
+    r"alertmanager-webhook-url": "the alert webhook's URL file, written by the operator, not a package index",
 }
 URL = re.compile(r"\bhttps?://([^/\s\"'}:]+)")
 

@@ -386,7 +386,7 @@ def test_engine_probe_outlasts_a_sidecar_restart(services: dict[str, Any]) -> No
 
 
 def test_restart_policies_and_drain_order(services: dict[str, Any]) -> None:
-    for name in ("engine", "engine-cpu", "sidecar", "prometheus", "grafana"):
+    for name in ("engine", "engine-cpu", "sidecar", "prometheus", "grafana", "alertmanager"):
         assert services[name]["restart"] == "unless-stopped", name
     # The namespace holder waits for a signal and nothing else; `always` brings it back even
     # after a daemon restart, before the containers that join it.
@@ -602,7 +602,7 @@ def test_palmyra_env_names_are_settings() -> None:
 
 
 def test_third_party_images_pinned(services: dict[str, Any]) -> None:
-    for name in ("prometheus", "grafana", "npu-exporter", "quota-redis"):
+    for name in ("prometheus", "grafana", "npu-exporter", "quota-redis", "alertmanager"):
         image = services[name]["image"].split(":-")[-1].rstrip("}")
         tag = image.rsplit(":", 1)[-1]
         assert ":" in image and tag != "latest" and re.search(r"\d", tag), f"{name}: {image}"
@@ -666,6 +666,52 @@ def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> No
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
 
 
+def test_alertmanager_is_opt_in_hardened_and_reads_its_webhook_url_from_a_secret_file(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    """The `alerting` profile: the webhook URL is an operator-created file (never shipped, Git
+    ignores its directory), handed over as a Compose secret at the path the config's url_file
+    names; the service is hardened as quota-redis is; Prometheus sends to its name and port."""
+    am = services["alertmanager"]
+    # Opt-in: the quick start creates no secret file, and a secret's file must exist for the
+    # service that uses it. Nothing in the default stack waits for it.
+    assert am["profiles"] == ["alerting"]
+    assert not any("alertmanager" in s.get("depends_on", {}) for s in services.values())
+    [secret] = am["secrets"]
+    source = Path(compose["secrets"][secret]["file"])
+    # Where the operator creates it, which Git ignores: a file there is never committed.
+    assert source.parent == Path("compose/secrets"), source
+    assert "/compose/secrets/" in (REPO / ".gitignore").read_text().splitlines()
+    config = yaml.safe_load((REPO / "monitoring" / "alertmanager" / "alertmanager.yml").read_text())
+    hooks = [w for r in config["receivers"] for w in r.get("webhook_configs", [])]
+    assert hooks and all(w == {"url_file": f"/run/secrets/{secret}", "send_resolved": True} for w in hooks), hooks
+    assert volume_targets(am)["/etc/alertmanager"] == "./monitoring/alertmanager:ro"
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in am["command"]
+    assert "--cluster.listen-address=" in am["command"], "one instance: no HA gossip to wait for"
+    [storage] = [arg.split("=", 1)[1] for arg in am["command"] if arg.startswith("--storage.path=")]
+    assert volume_targets(am)[storage] == "alertmanager-data" and "alertmanager-data" in compose["volumes"]
+    # Hardened as quota-redis: nothing writable but its volume, no privilege gain, bounded memory,
+    # a healthcheck on its readiness, restarted when it exits.
+    assert am["read_only"] is True and am["security_opt"] == ["no-new-privileges:true"]
+    assert deployed.compose_bytes(am["deploy"]["resources"]["limits"]["memory"]) <= 256 * 2**20
+    check = am["healthcheck"]["test"]
+    assert check[0] == "CMD" and check[-1] == "http://127.0.0.1:9093/-/ready", check
+    assert not am.get("ports"), "internal, as Prometheus and Grafana"
+    # Prometheus's alerting target is this service's name and port.
+    prometheus = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text())
+    [target] = [
+        t
+        for am_cfg in prometheus["alerting"]["alertmanagers"]
+        for sc in am_cfg["static_configs"]
+        for t in sc["targets"]
+    ]
+    assert target == "alertmanager:9093"
+    assert "networks" not in am and "network_mode" not in am, "on the project network, as Prometheus"
+    # The version the docs name is the one pinned.
+    tag = am["image"].rsplit(":", 1)[1]
+    assert f"prom/alertmanager:{tag}" in (COMPOSE_DIR / "README.md").read_text()
+
+
 # --- the test-only podman override ------------------------------------------------------------------
 
 
@@ -700,10 +746,15 @@ def test_podman_override_is_host_network_local_images_loopback_only() -> None:
 def test_override_lists_that_must_replace_say_so() -> None:
     # podman-compose merges lists by appending (even healthcheck.test, unlike the Compose spec):
     # an override's probe command must carry !override or it runs both probes' words as one.
+    # A service the base file lacks merges with nothing, and there podman-compose keeps the tag
+    # itself (its `config` fails on it): only the base's services carry it.
+    base = set(load(COMPOSE)["services"])
     for path in OVERRIDES:
         root = yaml.compose(path.read_text(), Loader=_ComposeLoader)
         services = next((v for k, v in root.value if k.value == "services"), None)
-        for _name, service in services.value if services else []:
+        for name, service in services.value if services else []:
+            if name.value not in base:
+                continue
             for key, value in service.value:
                 if key.value != "healthcheck":
                     continue

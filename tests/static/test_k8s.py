@@ -144,6 +144,8 @@ TARGETS = (
         # Tenants' quotas through a Redis (core APIs only; test_tenants_deploy.py checks the rest).
         ("cpu", ("components/tenants",)),
         ("cpu", ("components/tenants", "components/tenants/tls")),
+        # Traces to a collector (core APIs only; test_tracing_deploy.py checks the rest).
+        ("cpu", ("components/tracing",)),
     ]
 )
 TARGET_IDS = [name + "".join("+" + Path(c).name for c in comps) for name, comps in TARGETS]
@@ -171,12 +173,25 @@ def _strict(schema: object) -> object:
     return out
 
 
+class CrdLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a bare `=` is the string "=": YAML 1.1's `value` tag,
+    which PyYAML resolves it to, is a string to Kubernetes' YAML parser (the AlertmanagerConfig
+    CRD lists `=` among its matchers' operators)."""
+
+
+CrdLoader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_yaml_str)
+
+
+def load_crd(path: Path) -> dict:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=CrdLoader)  # a SafeLoader subclass
+
+
 @pytest.fixture(scope="session")
 def crd_validators(data_dir: Path) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
     """(apiVersion, kind) -> validator, from the CRDs vendored in tests/data/schemas/crds."""
     validators = {}
     for path in sorted((data_dir / "schemas" / "crds").glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+        crd = load_crd(path)
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
             schema = _strict(version["schema"]["openAPIV3Schema"])
