@@ -29,6 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "prometheus" / "prometheus.yml"
@@ -87,56 +88,56 @@ def render_config(
     return cfg
 
 
-class LocalPrometheus:
-    """A Prometheus process on 127.0.0.1:<free port> with storage in a temporary directory."""
+class LoopbackServer:
+    """A server of the Prometheus family (Prometheus, Alertmanager) as a process on
+    127.0.0.1:<free port>, its config (written as JSON, which is YAML) and storage in a temporary
+    directory, started once /-/ready answers 200. Subclasses say how to run it (`argv`)."""
 
-    def __init__(self, config: dict, binary: str = "prometheus"):
+    name = "server"
+
+    def __init__(self, config: dict, binary: str) -> None:
         self.config, self.binary = config, binary
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.workdir: Path | None = None
+        self.log_path: Path | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> LocalPrometheus:
-        self.workdir = Path(tempfile.mkdtemp(prefix="palmyra-prom-"))
-        cfg_path = self.workdir / "prometheus.yml"
-        # JSON is valid YAML: no YAML library needed here.
-        cfg_path.write_text(json.dumps(self.config, indent=2), encoding="utf-8")
+    def argv(self, config_path: Path, data_dir: Path) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 30.0, poll_s: float = 0.2) -> Self:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"palmyra-{self.name}-"))
+        config_path = self.workdir / f"{self.name}.yml"
+        config_path.write_text(json.dumps(self.config, indent=2), encoding="utf-8")
         self.port = free_port()
-        self.log_path = self.workdir / "prometheus.log"
+        self.log_path = self.workdir / f"{self.name}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={cfg_path}",
-                    f"--storage.tsdb.path={self.workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.argv(config_path, self.workdir / "data"), stdout=log, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
                     if r.status == 200:
                         return self
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(0.2)
+            time.sleep(poll_s)
         self.stop()
-        raise TimeoutError(f"prometheus not ready after {timeout_s}s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
         try:
+            assert self.log_path is not None
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, AttributeError):
+        except (OSError, AssertionError):
             return ""
 
     def stop(self) -> None:
@@ -151,11 +152,29 @@ class LocalPrometheus:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> LocalPrometheus:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LocalPrometheus(LoopbackServer):
+    """Prometheus, its TSDB in the temporary directory."""
+
+    name = "prometheus"
+
+    def __init__(self, config: dict, binary: str = "prometheus") -> None:
+        super().__init__(config, binary)
+
+    def argv(self, config_path: Path, data_dir: Path) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
 
     # --- HTTP API -----------------------------------------------------------------------------
     def api(self, path: str, **params: str) -> dict:

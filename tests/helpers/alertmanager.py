@@ -14,26 +14,18 @@ import copy
 import json
 import re
 import shutil
-import socket
 import subprocess
-import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
+
+from monitoring.local_prometheus import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "monitoring" / "alertmanager" / "alertmanager.yml"
 URL_FILE_SINCE = (0, 26, 0)  # Alertmanager's CHANGELOG: 0.26.0 added the webhook's url_file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def binary(name: str) -> str:
@@ -75,80 +67,31 @@ def for_version(config: dict[str, Any], url_file: Path, alertmanager_version: tu
     return out
 
 
-class LocalAlertmanager:
+class LocalAlertmanager(LoopbackServer):
     """An Alertmanager on 127.0.0.1:<free port>, one instance (no HA gossip), storage in a
     temporary directory."""
 
-    def __init__(self, config: dict[str, Any], exe: str | None = None) -> None:
-        self.config, self.exe = config, exe or binary("alertmanager")
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.workdir: Path | None = None
+    name = "alertmanager"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, config: dict[str, Any], exe: str | None = None) -> None:
+        super().__init__(config, exe or binary("alertmanager"))
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> LocalAlertmanager:
-        self.workdir = Path(tempfile.mkdtemp(prefix="palmyra-am-"))
-        config_path = self.workdir / "alertmanager.yml"
-        config_path.write_text(json.dumps(self.config, indent=2), encoding="utf-8")  # JSON is YAML
-        self.port = free_port()
-        self.log_path = self.workdir / "alertmanager.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.exe,
-                    f"--config.file={config_path}",
-                    f"--storage.path={self.workdir / 'data'}",
-                    f"--web.listen-address={self.address}",
-                    "--cluster.listen-address=",  # as Compose runs it: no gossip, ready at once
-                    "--log.level=info",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"alertmanager not ready after {timeout_s}s:\n{self.log_tail()}")
+    def argv(self, config_path: Path, data_dir: Path) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={config_path}",
+            f"--storage.path={data_dir}",
+            f"--web.listen-address={self.address}",
+            "--cluster.listen-address=",  # as Compose runs it: no gossip, ready at once
+            "--log.level=info",
+        ]
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, AttributeError):
-            return ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
-
-    def __enter__(self) -> LocalAlertmanager:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def start(self, timeout_s: float = 20.0, poll_s: float = 0.1) -> Self:
+        return super().start(timeout_s, poll_s)
 
     def alerts(self) -> list[dict[str, Any]]:
         """What it holds now (API v2, the only one Prometheus 3 speaks)."""
