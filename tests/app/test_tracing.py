@@ -111,6 +111,23 @@ def test_off_by_default_the_clients_traceparent_passes_unchanged_and_nothing_is_
     assert "trace_id" not in _access_lines(sidecar.log_path)[-1]
 
 
+def test_a_caller_without_a_key_costs_no_spans(engine, sidecar_factory, client):
+    trace_id = os.urandom(16).hex()
+    with otlp_receiver() as receiver:
+        env = {"PALMYRA_OTLP_TRACES_ENDPOINT": receiver.url, "PALMYRA_API_KEYS": "a-real-key-0123456789", **FAST_EXPORT}
+        with sidecar_factory(engine.url, **env) as sc:
+            parent = {"traceparent": _traceparent(trace_id, os.urandom(8).hex())}
+            assert client.post(f"{sc.url}/v1/completions", json=BODY, headers=parent).status_code == 401
+            keyed = {**parent, "Authorization": "Bearer a-real-key-0123456789"}
+            assert client.get(f"{sc.url}/v1/models", headers=keyed).status_code == 200
+            wait_until(lambda: receiver.trace(trace_id), 10, "the keyed request's spans", 0.05)
+        lines = _access_lines(sc.log_path)
+    assert [line["status"] for line in lines] == [401, 200]
+    assert "trace_id" not in lines[0] and lines[1]["trace_id"] == trace_id
+    # The keyed request's spans only: the 401 made none.
+    assert {s.name for s in receiver.trace(trace_id)} == {"GET /v1/models", "admission", "GET"}
+
+
 def test_a_collector_that_is_away_costs_no_request(engine, sidecar_factory, client):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -60,7 +60,7 @@ def test_an_engine_failure_marks_both_spans_as_errors(traced):
     record = RequestRecord("r2", "POST", "/v1/completions", "completions")
     rt = tracing.start(scope(path="/v1/completions"), record, t0)
     record.admit_at = record.sent_at = t0 + 0.001
-    header = rt.engine_traceparent(b"/v1/completions", record.sent_at)
+    header = rt.engine_traceparent("POST", b"/v1/completions", record.sent_at)
     record.status, record.upstream_error, record.upstream_detail = 503, "engine_unavailable", "refused"
     rt.finish(record, t0 + 0.01)
     spans = {s.name: s for s in memory.get_finished_spans()}
@@ -83,7 +83,7 @@ def test_ratio_zero_records_nothing_and_tells_the_engine_so():
         record = RequestRecord("r3", "POST", "/v1/completions", "completions")
         rt = tracing.start(scope(), record, t0)
         assert rt.trace_id is None  # nothing recorded: no id in the access log
-        flags = int(rt.engine_traceparent(b"/v1/completions", t0).rsplit(b"-", 1)[1], 16)
+        flags = int(rt.engine_traceparent("POST", b"/v1/completions", t0).rsplit(b"-", 1)[1], 16)
         assert not flags & 1  # W3C: the sampled bit clear (the SDK may set bit 1, "random")
         record.status = 200
         rt.finish(record, t0 + 0.01)

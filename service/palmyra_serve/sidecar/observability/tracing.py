@@ -142,15 +142,15 @@ class RequestTrace:
     def _ns(self, at: float) -> int:
         return self.anchor_ns + int((at - self.t0) * 1e9)
 
-    def engine_traceparent(self, target: bytes, sent_at: float) -> bytes:
+    def engine_traceparent(self, method: str, target: bytes, sent_at: float) -> bytes:
         """Start the engine request's span; the traceparent that makes the engine's spans its children."""
         tracing = self.tracing
         self.engine = span = tracing.tracer.start_span(
-            "POST",
+            method,  # HTTP client spans are named by their method alone
             context=trace.set_span_in_context(self.root),
             kind=SpanKind.CLIENT,
             attributes={
-                "http.request.method": "POST",
+                "http.request.method": method,
                 "server.address": tracing.engine_host,
                 "server.port": tracing.engine_port,
                 "url.full": tracing.engine_url + target.decode("latin-1"),

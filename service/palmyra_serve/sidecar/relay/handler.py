@@ -163,9 +163,6 @@ class Relay:
             fwd = [(n, v) for n, v in fwd if n not in listed]
         rid = request_id_from(rid_raw)
         record = RequestRecord(rid, scope["method"], path, route)
-        if self.tracing is not None:
-            record.trace = self.tracing.start(scope, record, t0)
-            record.trace_id = record.trace.trace_id
         status = 500
         held = 0
         body_read = False
@@ -181,6 +178,11 @@ class Relay:
             tenant = tenants.spec(name)
             record.tenant = name
             mark_authenticated(scope)  # its connection is no longer anonymous (edge/protocol.py)
+            if self.tracing is not None:
+                # Traced from its head (t0), but only once its key is known: a caller without one
+                # costs no spans, whatever traceparent it sends.
+                record.trace = self.tracing.start(scope, record, t0)
+                record.trace_id = record.trace.trace_id
             if entry is None:
                 raise _reject(self.metrics, errors.not_found(scope["method"], path))
             if scope["method"] not in entry.methods:
@@ -439,7 +441,7 @@ class Relay:
         if record.trace is not None:
             # The engine's spans continue the sidecar's trace, not whatever the client sent.
             fwd = [(n, v) for n, v in fwd if n != b"traceparent"]
-            fwd.append((b"traceparent", record.trace.engine_traceparent(target, record.sent_at)))
+            fwd.append((b"traceparent", record.trace.engine_traceparent(scope["method"], target, record.sent_at)))
         try:
             resp = await self._open(scope["method"], target, fwd, body, record)
         finally:
