@@ -8,6 +8,7 @@ itself merges and resolves it.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import subprocess
@@ -344,7 +345,13 @@ def _podman_compose_run(
 
 
 def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
-    """The project as podman-compose (the pinned tool the container tests run) merges and resolves it."""
+    """The project as podman-compose (the pinned tool the container tests run) merges and resolves
+    it: a fresh copy of one run per files and profile (each run takes seconds)."""
+    return copy.deepcopy(_podman_compose_config_once(files, profile))
+
+
+@functools.cache
+def _podman_compose_config_once(files: tuple[Path, ...], profile: str) -> dict[str, Any]:
     result = _podman_compose_run(*files, profile=profile, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return yaml.safe_load(result.stdout)

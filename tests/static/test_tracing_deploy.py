@@ -33,8 +33,7 @@ from tests.static.test_containers_compose import (
     COMPOSE,
     COMPOSE_DIR,
     HOLDER,
-    TEST_ENGINE_KEY,
-    _podman_compose_run,
+    _podman_compose_config,
     env_of,
     load,
 )
@@ -88,9 +87,7 @@ def assert_otlp_http_url(url: str) -> Any:
 
 
 def _resolved(*files: Path, profile: str) -> dict[str, Any]:
-    result = _podman_compose_run(*files, profile=profile, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return yaml.safe_load(result.stdout)["services"]
+    return _podman_compose_config(*files, profile=profile)["services"]
 
 
 def _settings(service: dict[str, Any]):

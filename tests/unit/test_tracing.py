@@ -15,13 +15,20 @@ from opentelemetry.trace import StatusCode
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.observability.tracing import Tracing
 from palmyra_serve.sidecar.relay.record import RequestRecord
-
-URL = "http://127.0.0.1:9/v1/traces"  # never reached: the in-memory exporter is what is read
+from tests.helpers.otlp_receiver import otlp_receiver
 
 
 @pytest.fixture
-def traced() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
-    tracing = Tracing(Settings(otlp_traces_endpoint=URL))
+def url() -> Iterator[str]:
+    """Where the real exporter sends (the test receiver, so that a stop never waits on retries);
+    what is asserted is read from the in-memory exporter beside it."""
+    with otlp_receiver() as receiver:
+        yield receiver.url
+
+
+@pytest.fixture
+def traced(url: str) -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
+    tracing = Tracing(Settings(otlp_traces_endpoint=url))
     memory = InMemorySpanExporter()
     tracing.provider.add_span_processor(SimpleSpanProcessor(memory))
     yield tracing, memory
@@ -74,8 +81,8 @@ def test_an_engine_failure_marks_both_spans_as_errors(traced):
     assert spans["admission"].attributes["palmyra.admission.verdict"] == "admitted"
 
 
-def test_ratio_zero_records_nothing_and_tells_the_engine_so():
-    tracing = Tracing(Settings(otlp_traces_endpoint=URL, trace_sample_ratio=0.0))
+def test_ratio_zero_records_nothing_and_tells_the_engine_so(url: str):
+    tracing = Tracing(Settings(otlp_traces_endpoint=url, trace_sample_ratio=0.0))
     memory = InMemorySpanExporter()
     tracing.provider.add_span_processor(SimpleSpanProcessor(memory))
     try:
@@ -92,8 +99,8 @@ def test_ratio_zero_records_nothing_and_tells_the_engine_so():
         tracing.shutdown()
 
 
-def test_a_clients_sampled_traceparent_wins_over_a_zero_ratio_and_an_invalid_one_starts_a_trace():
-    tracing = Tracing(Settings(otlp_traces_endpoint=URL, trace_sample_ratio=0.0))
+def test_a_clients_sampled_traceparent_wins_over_a_zero_ratio_and_an_invalid_one_starts_a_trace(url: str):
+    tracing = Tracing(Settings(otlp_traces_endpoint=url, trace_sample_ratio=0.0))
     try:
         t0 = time.perf_counter()
         record = RequestRecord("r4", "POST", "/v1/completions", "completions")
