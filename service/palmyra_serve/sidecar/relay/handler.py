@@ -442,11 +442,8 @@ class Relay:
             # The engine's spans continue the sidecar's trace, not whatever the client sent.
             fwd = [(n, v) for n, v in fwd if n != b"traceparent"]
             fwd.append((b"traceparent", record.trace.engine_traceparent(scope["method"], target, record.sent_at)))
-        try:
-            resp = await self._open(scope["method"], target, fwd, body, record)
-        finally:
-            if record.trace is not None:
-                record.engine_done_at = time.perf_counter()  # a failed open ends the engine span here
+        # A failed open leaves engine_done_at unset: its span then ends with the request's.
+        resp = await self._open(scope["method"], target, fwd, body, record)
         try:
             if record.trace is not None:
                 record.engine_status = resp.status
