@@ -21,6 +21,7 @@ import httpx
 import psutil
 
 from tests.helpers.api import HTTP, completion, plain_client
+from tests.helpers.waiting import wait_until
 
 # Short intervals so transitions happen in seconds (the production defaults are minutes). The
 # warmup timeout stays generous: the real engine compiles shapes on its first requests.
@@ -63,6 +64,20 @@ def engine_gauge(engine_url: str, name: str) -> float:
     values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)]
     assert values, f"{name} missing from the engine's /metrics"
     return sum(values)
+
+
+def wait_engine_idle(engine_url: str, within_s: float) -> None:
+    """Nothing running or waiting in the engine: what an earlier test left (a stream its client
+    cut is aborted only once the engine notices) no longer shares its steps."""
+    wait_until(
+        lambda: (
+            engine_gauge(engine_url, "vllm:num_requests_running")
+            + engine_gauge(engine_url, "vllm:num_requests_waiting")
+            == 0
+        ),
+        within_s,
+        "the engine running nothing",
+    )
 
 
 def sidecar_metric(sidecar_url: str, line_prefix: str) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.engine.reliability_support import engine_gauge
+from tests.engine.reliability_support import engine_gauge, wait_engine_idle
 from tests.helpers.api import HTTP, raw_json_post
 from tests.helpers.waiting import wait_until
 
@@ -103,12 +103,6 @@ def test_curl_completion_and_request_id(sidecar_server):
     head, _, body = out.stdout.partition("\n\n")  # text mode turned \r\n into \n
     assert head.startswith("HTTP/1.1 200") and "x-request-id: curl-1" in head.lower(), out.stdout
     assert json.loads(body)["usage"]["completion_tokens"] == 4, out.stdout
-
-
-def wait_engine_idle(engine_url: str, within_s: float) -> None:
-    wait_until(
-        lambda: engine_gauge(engine_url, "vllm:num_requests_running") == 0, within_s, "the engine running nothing"
-    )
 
 
 def assert_stopped_early(engine_url: str, generated_before: float) -> None:
