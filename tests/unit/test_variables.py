@@ -37,15 +37,15 @@ def test_the_sidecar_says_so_at_start():
         text=True,
         env=env,
     )
+    want = "PALMYRA_MAX_IN_FLGHT is not a palmyra-serve setting and is ignored; did you mean PALMYRA_MAX_IN_FLIGHT?"
     try:
         assert proc.stdout is not None
         lines = []
         for line in proc.stdout:  # the warning comes before uvicorn's first line
             lines.append(line)
-            if "uvicorn" in line or len(lines) > 50:
+            if want in line or "uvicorn" in line or len(lines) > 50:
                 break
     finally:
         proc.terminate()
         proc.communicate(timeout=30)  # reads the rest and closes the pipe
-    want = "PALMYRA_MAX_IN_FLGHT is not a palmyra-serve setting and is ignored; did you mean PALMYRA_MAX_IN_FLIGHT?"
     assert any(want in line for line in lines), lines
