@@ -150,6 +150,30 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(
         20, description="Largest logprobs / top_logprobs / prompt_logprobs (vLLM's own default cap)."
     )
+    prompt_logprobs_max_tokens: int = Field(
+        512,
+        ge=0,
+        description="Longest prompt (estimated tokens) for which prompt logprobs are served (prompt_logprobs, or "
+        "echo with logprobs): each prompt position costs a log-softmax over the whole vocabulary.",
+    )
+    structured_max_repeat: int = Field(
+        64,
+        ge=0,
+        description="Bounded repetitions a request's structured output may ask the grammar compiler to unroll "
+        "(maxLength, minLength, {m,n} in patterns, regexes and grammars, summed): at 64, under 2 s of one "
+        "compiler thread on a 2-core x86 host (docs/request-fields.md).",
+    )
+    structured_max_bytes: int = Field(
+        16 * 1024, ge=0, description="Largest structured-output field (schema, regex, grammar, tools), serialised."
+    )
+    structured_max_choices: int = Field(
+        1024, ge=0, description="Most entries of a choice list or a schema's enum."
+    )
+    structured_regex_grammar: bool = Field(
+        True,
+        description="Serve regex- and grammar-constrained output (structured_outputs.regex / .grammar, schema "
+        "patterns stay); false refuses them with a 400.",
+    )
     retry_after_s: int = Field(
         1, description="Retry-After seconds on 503 (and on 429 in fixed mode; adaptive computes it from the queue)."
     )

@@ -80,6 +80,8 @@ class ErrorCode(StrEnum):
     INVALID_PARAMETER = "invalid_parameter", 400, "invalid_request_error", Family.FRONT_END
     PARAMETER_TOO_LARGE = "parameter_too_large", 400, "invalid_request_error", Family.FRONT_END
     INVALID_ROLE = "invalid_role", 400, "invalid_request_error", Family.FRONT_END
+    UNKNOWN_PARAMETER = "unknown_parameter", 400, "invalid_request_error", Family.FRONT_END
+    UNSUPPORTED_PARAMETER = "unsupported_parameter", 400, "invalid_request_error", Family.FRONT_END
     BODIES_OVER_BUDGET = "bodies_over_budget", 503, "service_unavailable", Family.FRONT_END
     HEADER_TOO_LARGE = "header_too_large", 431, "invalid_request_error", Family.FRONT_END
     URI_TOO_LONG = "uri_too_long", 414, "invalid_request_error", Family.FRONT_END
@@ -371,6 +373,17 @@ def parameter_too_large(param: str, asked: int, cap: int) -> ApiError:
     return ApiError.of(
         ErrorCode.PARAMETER_TOO_LARGE, f"{param}={asked} exceeds this service's limit of {cap}.", param=param
     )
+
+
+def unknown_parameter(param: str) -> ApiError:
+    # OpenAI answers a field it does not know with a 400 naming it; vLLM would accept and ignore it.
+    return ApiError.of(
+        ErrorCode.UNKNOWN_PARAMETER, f"Unrecognized request argument supplied: {param[:80]}", param=param[:80]
+    )
+
+
+def unsupported_parameter(param: str, why: str) -> ApiError:
+    return ApiError.of(ErrorCode.UNSUPPORTED_PARAMETER, f"{param} is not accepted by this service: {why}", param=param)
 
 
 def invalid_role(role: object, allowed: str) -> ApiError:

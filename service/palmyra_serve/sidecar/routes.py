@@ -22,7 +22,7 @@ class Route:
     label: str  # the `route` label of metrics and the access log
     methods: frozenset[str]
     target: bytes  # the path sent to the engine
-    generates: bool  # the body is checked for cost (relay/cost.py) before admission
+    generates: bool  # the body is checked for cost (policy/cost.py) before admission
     chat: bool = False  # the body carries chat messages (roles checked)
     tokenizes: bool = False  # admitted by the tokenizer's own small gate (relay/handler.py)
 
@@ -38,7 +38,7 @@ RELAYED: dict[str, Route] = {
     ),
     "/v1/models": Route("models", frozenset({"GET"}), b"/v1/models", generates=False),
     # Not OpenAI's, but how a client learns a prompt's length in tokens, which it needs to pick a
-    # max_tokens within max-model-len (the cap relay/cost.py enforces). No generation; the body
+    # max_tokens within max-model-len (the cap policy/cost.py enforces). No generation; the body
     # is bounded like any other.
     "/tokenize": Route("tokenize", frozenset({"POST"}), b"/tokenize", generates=False, tokenizes=True),
     "/detokenize": Route("tokenize", frozenset({"POST"}), b"/detokenize", generates=False, tokenizes=True),

@@ -255,6 +255,14 @@ class SidecarMetrics:
             child = self._tenant_token_children[(tenant, kind)] = self.tenant_tokens.labels(tenant, kind)
         return child
 
+    def _drop_tenants_except(self, names: set[str]) -> None:
+        for counter in (self.tenant_requests, self.tenant_tokens, self.tenant_refusals):
+            # prometheus_client keeps a metric's children by label values; the tenant is the first.
+            for labels in [key for key in counter._metrics if key[0] not in names]:
+                counter.remove(*labels)
+        self._tenant_children = {k: v for k, v in self._tenant_children.items() if k[0] in names}
+        self._tenant_token_children = {k: v for k, v in self._tenant_token_children.items() if k[0] in names}
+
     def tenant_refusal(self, tenant: str, code: str) -> None:
         self.tenant_refusals.labels(tenant, code).inc()
 
@@ -265,8 +273,11 @@ class SidecarMetrics:
 
     def show_tenants(self, tenants: Tenants) -> None:
         """The tenants file's limits as gauges, and every tenant's token series from 0 (so that the
-        first request's tokens count in increase()); called at start and on every reload."""
+        first request's tokens count in increase()); called at start and on every reload, which also
+        drops every series of a tenant the file no longer names: /metrics stays bounded by the
+        current file."""
         self.tenant_limit.clear()
+        self._drop_tenants_except(set(tenants.by_name))
         for name, spec in tenants.by_name.items():
             for limit in ("requests_per_minute", "tokens_per_minute", "max_concurrent"):
                 value = getattr(spec, limit)

@@ -23,6 +23,7 @@ previous tenants stay). identify() answers the tenant's name, or None for no val
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -118,6 +119,7 @@ class ApiKeys:
         self._file_digests = [_digest(k) for k in read_key_file(path)] if path is not None else []
         self.tenants = tenants_config.read(tenants_path) if tenants_path is not None else tenants_config.NO_TENANTS
         self.on_tenants: Callable[[Tenants], None] | None = None  # the metrics' view, bound by the app
+        self._tenants_reading = False  # a changed tenants file is being read off the loop
         self._index()
         self._next_check = clock() + RELOAD_EVERY_S
         if disabled and self._digests:
@@ -178,16 +180,47 @@ class ApiKeys:
                 self._index()
                 log.info("API keys reloaded", extra={"fields": {"keys": len(self._digests)}})
         if self._tenants_file is not None and self._tenants_file.changed():
-            try:
-                tenants: Tenants = tenants_config.read(self._tenants_file.path)
-            except TenantsFileError as exc:
-                log.error(
-                    "tenants file changed but is unusable; the previous tenants stay in force",
-                    extra={"fields": {"error": str(exc)}},
-                )
-            else:
-                self.tenants = tenants
-                self._index()
-                if self.on_tenants is not None:
-                    self.on_tenants(tenants)
-                log.info("tenants reloaded", extra={"fields": {"tenants": len(tenants.by_name)}})
+            self._reload_tenants()
+
+    def _reload_tenants(self) -> None:
+        """Read and parse the changed tenants file off the event loop (a large file takes a parse
+        of its own time; requests go on meanwhile with the tenants in force), then swap it in on
+        the loop. Outside a running loop (the CLI, unit tests) it happens at once."""
+        assert self._tenants_file is not None
+        path = self._tenants_file.path
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._apply_tenants(_read_tenants(path))
+            return
+        if self._tenants_reading:
+            self._tenants_file.sig = None  # changed again while being read: read once more after
+            return
+        self._tenants_reading = True
+        future = loop.run_in_executor(None, _read_tenants, path)
+        future.add_done_callback(self._tenants_read)
+
+    def _tenants_read(self, future: asyncio.Future[Tenants | TenantsFileError]) -> None:
+        self._tenants_reading = False
+        if not future.cancelled():
+            self._apply_tenants(future.result())
+
+    def _apply_tenants(self, tenants: Tenants | TenantsFileError) -> None:
+        if isinstance(tenants, TenantsFileError):
+            log.error(
+                "tenants file changed but is unusable; the previous tenants stay in force",
+                extra={"fields": {"error": str(tenants)}},
+            )
+            return
+        self.tenants = tenants
+        self._index()
+        if self.on_tenants is not None:
+            self.on_tenants(tenants)
+        log.info("tenants reloaded", extra={"fields": {"tenants": len(tenants.by_name)}})
+
+
+def _read_tenants(path: Path) -> Tenants | TenantsFileError:
+    try:
+        return tenants_config.read(path)
+    except TenantsFileError as exc:
+        return exc

@@ -2,7 +2,7 @@
 
 Per request: match the allow-list (routes.py; anything else is refused here, never relayed),
 check the key, read the body under a size and time limit, check a generation's cost on the values
-vLLM will use (relay/cost.py), take an admission slot,
+vLLM will use (policy/cost.py), take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), count it in
 the metrics and fill in its RequestRecord (relay/record.py): the access log's line is that record's
 rendering, and admission learns from it. A client that goes away, streamed or not, cancels the
@@ -31,9 +31,10 @@ from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.memory_budget import body_budget
 from palmyra_serve.sidecar.observability.access_log import AccessLog
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.policy import checks, structured
+from palmyra_serve.sidecar.policy.fields import BY_TARGET
+from palmyra_serve.sidecar.policy.inspect import inspect
 from palmyra_serve.sidecar.relay.auth import ApiKeys
-from palmyra_serve.sidecar.relay.cost import CostLimits
-from palmyra_serve.sidecar.relay.cost import check as check_cost
 from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
@@ -42,6 +43,7 @@ from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Rout
 from palmyra_serve.sidecar.tenants import reservation
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import Quotas, Reservation
+from palmyra_serve.sidecar.tenants.salt import CacheSalts
 from palmyra_serve.sidecar.upstream.failures import UpstreamError
 from palmyra_serve.sidecar.upstream.pool import EnginePool, EngineResponse
 
@@ -127,9 +129,19 @@ class Relay:
         self.body_held = 0
         self._uploads: set[asyncio.Task] = set()  # requests whose body is still arriving
         self._uploads_refused = False
-        self.cost_limits = CostLimits(
-            settings.max_tokens_cap or settings.max_model_len, settings.max_choices, settings.max_logprobs
+        self.limits = checks.Limits(
+            max_tokens=settings.max_tokens_cap or settings.max_model_len,
+            max_choices=settings.max_choices,
+            max_logprobs=settings.max_logprobs,
+            prompt_logprobs_max_tokens=settings.prompt_logprobs_max_tokens,
+            structured=structured.StructuredLimits(
+                max_bytes=settings.structured_max_bytes,
+                max_repeat=settings.structured_max_repeat,
+                max_choices=settings.structured_max_choices,
+                regex_and_grammar=settings.structured_regex_grammar,
+            ),
         )
+        self.salts = CacheSalts()
         self.tracing: Tracing | None = None
         if settings.otlp_traces_endpoint:
             # Imported only here: with tracing off, OpenTelemetry is never loaded.
@@ -192,7 +204,7 @@ class Relay:
             body = await self._read_body(receive, clen)
             body_read = True
             held = len(body)
-            if entry.generates and body:
+            if body and entry.target in BY_TARGET:
                 body, demand = self._inspect(body, entry, tenant, record)
             if record.trace is not None:
                 record.admit_at = time.perf_counter()
@@ -387,33 +399,59 @@ class Relay:
     def _inspect(
         self, body: bytes, entry: Route, tenant: TenantSpec, record: RequestRecord
     ) -> tuple[bytes, reservation.Demand | None]:
-        """A generation's cost checked (relay/cost.py); for a tenant with a tokens limit, the tokens
-        it reserves, and, for its stream, the engine asked for the usage report the settlement
-        needs (record.strip_usage: the relay removes it again); with priority scheduling, the
-        tenant's priority set. The parsed body lives only inside this call: it is dropped before
-        the request waits; a body is re-encoded only when something in it had to change."""
+        """Every field of the body decided (policy/fields.py: checked, rewritten, stripped, refused or
+        passed); for a generation, the rewrites: the usage report asked for on every stream (its
+        event removed again when the client did not ask: record.strip_usage), the tenant's cache
+        salt and priority; for a tenant with a tokens limit, the tokens it reserves. The parsed body
+        lives only inside this call: it is dropped before the request waits; it is re-encoded only
+        when something in it changed. A body whose content breaks a walk (nesting past Python's
+        recursion) is the client's 400, never the sidecar's fault."""
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             raise _reject(self.metrics, errors.invalid_json()) from None
         try:
-            check_cost(payload, self.cost_limits, entry.chat)
+            seen = inspect(payload, BY_TARGET[entry.target], self.limits, entry.chat, entry.generates)
         except errors.ApiError as exc:
             raise _reject(self.metrics, exc) from None
+        except RecursionError:
+            raise _reject(self.metrics, errors.invalid_parameter("body", "The body is nested too deeply.")) from None
+        changed = seen.changed
+        if not entry.generates:
+            return (orjson.dumps(payload) if changed else body), None
         if record.trace is not None and isinstance(model := payload.get("model"), str):
-            record.model = model[:256]
-        demand = None
-        changed = False
-        if tenant.tokens_per_minute:
-            demand = reservation.demand(payload, entry.chat, self.settings.quota_reserve_tokens)
-            if reservation.streams(payload) and not reservation.wants_usage(payload):
-                # Usage in the final event only: a client's continuous_usage_stats had no effect
-                # without include_usage, and must not start to.
-                payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
-                record.strip_usage = changed = True
-        if self.settings.priority_scheduling and payload.get("priority") != tenant.priority:
-            payload["priority"] = tenant.priority
+            record.model = model
+        if seen.streams:
+            # Tokens are counted from the engine's usage report, never from events: asked for on
+            # every stream, and removed again when the client did not ask for it (a client's
+            # continuous_usage_stats had no effect without include_usage, and must not start to).
+            payload["stream_options"] = {
+                "include_usage": True,
+                "continuous_usage_stats": seen.continuous_usage and seen.wants_usage,
+            }
+            record.strip_usage = not seen.wants_usage
             changed = True
+        salt = self.salts.of(tenant)
+        if salt is not None:
+            payload["cache_salt"] = salt
+            changed = True
+        elif payload.pop("cache_salt", None) is not None:
+            changed = True
+        if self.settings.priority_scheduling:
+            if payload.get("priority") != tenant.priority:
+                payload["priority"] = tenant.priority
+                changed = True
+        elif payload.pop("priority", None) is not None:
+            changed = True
+        demand = None
+        if tenant.tokens_per_minute:
+            demand = reservation.demand(
+                payload,
+                entry.chat,
+                self.settings.quota_reserve_tokens,
+                self.limits.max_tokens,
+                seen.extra_prompt_bytes,
+            )
         return (orjson.dumps(payload) if changed else body), demand
 
     async def _relay(
@@ -481,11 +519,18 @@ class Relay:
         (errors.from_engine: a 5xx's text only in the log, under the request id)."""
         parts: list[bytes] = []
         size = 0
+        reason = resp.reason or "error"
         try:
             while chunk := await resp.read_some():
                 size += len(chunk)
                 if size > errors.MAX_ERROR_BODY:
-                    raise UpstreamError(f"an error body over {errors.MAX_ERROR_BODY} bytes")
+                    if resp.status >= 500:
+                        raise UpstreamError(f"an error body over {errors.MAX_ERROR_BODY} bytes")
+                    # A 4xx is the request's own fault whatever its size (vLLM echoes a request's
+                    # values in its messages): the client gets its status, never a readiness event.
+                    parts = []
+                    reason = f"The engine refused this request ({resp.status}); its message was too long to relay."
+                    break
                 parts.append(chunk)
         except UpstreamError as exc:
             raise self._upstream_failed(exc, record) from None
@@ -501,7 +546,7 @@ class Relay:
                     }
                 },
             )
-        answer = errors.from_engine(resp.status, body, resp.reason or "error", rid)
+        answer = errors.from_engine(resp.status, body, reason, rid)
         headers = [
             (k, v)
             for k, v in _response_headers(resp, rid, record)

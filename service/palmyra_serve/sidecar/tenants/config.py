@@ -10,7 +10,12 @@ limits, a weight or a priority.
 Limits are per minute (requests, tokens: prompt plus completion) over a sliding minute, and
 concurrent requests per replica; a weight (the tenant's share of the admission queue under
 overload) and a priority (lower is served first by an engine with priority scheduling, as vLLM's
-request field). An absent limit is no limit.
+request field). An absent limit is no limit. `prefix_cache: shared` lets a tenant's prompts share
+the engine's prefix cache with the other tenants that say so (by default each tenant's cache
+entries are its own: policy/fields.py's cache_salt).
+
+The file is read with a size limit before it is parsed (MAX_FILE_BYTES), with libyaml's parser
+when PyYAML has it, and composed a second time (for line numbers) only when it is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,6 +40,9 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_TENANTS = 1000
 MAX_PRIORITY = 1000
 MAX_WEIGHT = 1000.0
+# A file of MAX_TENANTS tenants with a few keys each is under 400 KB.
+MAX_FILE_BYTES = 1 << 20
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class TenantsFileError(ValueError):
@@ -56,6 +64,7 @@ class TenantSpec(BaseModel):
     max_concurrent: int | None = Field(None, gt=0)
     weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    prefix_cache: Literal["private", "shared"] = "private"
 
     @field_validator("keys")
     @classmethod
@@ -109,9 +118,10 @@ NO_TENANTS = Tenants({}, {})
 
 def parse(text: str, source: str) -> Tenants:
     """The tenants a file's text describes; TenantsFileError naming the line of the first mistake."""
+    if len(text) > MAX_FILE_BYTES:
+        raise TenantsFileError(f"{source}: over {MAX_FILE_BYTES} bytes")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -122,16 +132,17 @@ def parse(text: str, source: str) -> Tenants:
         parsed = _File.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        line = _line_of(root, err["loc"])
+        line = _line_of(_compose(text), err["loc"])
         where = ".".join(str(p) for p in err["loc"]) or "the file"
         raise TenantsFileError(f"{source} line {line}: {where}: {err['msg']}") from None
     by_name: dict[str, TenantSpec] = {}
     by_digest: dict[bytes, str] = {}
     for i, spec in enumerate(parsed.tenants):
-        line = _line_of(root, ("tenants", i))
         if spec.name in by_name:
+            line = _line_of(_compose(text), ("tenants", i))
             raise TenantsFileError(f"{source} line {line}: tenant {spec.name!r} is named twice")
         if spec.name != DEFAULT_TENANT and not spec.keys:
+            line = _line_of(_compose(text), ("tenants", i))
             raise TenantsFileError(
                 f"{source} line {line}: tenant {spec.name!r} has no keys "
                 f"(only {DEFAULT_TENANT!r}, the tenant of PALMYRA_API_KEYS, may have none)"
@@ -140,7 +151,7 @@ def parse(text: str, source: str) -> Tenants:
         for j, key in enumerate(spec.keys):
             raw = bytes.fromhex(key[len(DIGEST_PREFIX) :])
             if raw in by_digest:
-                key_line = _line_of(root, ("tenants", i, "keys", j))
+                key_line = _line_of(_compose(text), ("tenants", i, "keys", j))
                 raise TenantsFileError(
                     f"{source} line {key_line}: this key is also {by_digest[raw]!r}'s: a key belongs to one tenant"
                 )
@@ -148,9 +159,18 @@ def parse(text: str, source: str) -> Tenants:
     return Tenants(by_name, by_digest)
 
 
+def _compose(text: str) -> Any:
+    """The YAML's node tree, for the line of a mistake (only on the way to refusing the file)."""
+    return yaml.compose(text, Loader=_LOADER)
+
+
 def read(path: Path) -> Tenants:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise TenantsFileError(f"PALMYRA_TENANTS_FILE {path}: over {MAX_FILE_BYTES} bytes")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TenantsFileError(f"PALMYRA_TENANTS_FILE {path}: cannot read it ({exc})") from None
     return parse(text, f"PALMYRA_TENANTS_FILE {path}")

@@ -1,4 +1,4 @@
-"""relay/cost.py: the request-cost check the relay makes before admission. Integers are read the
+"""policy/cost.py: the request-cost check the relay makes before admission. Integers are read the
 way vLLM's pydantic models read them, what pydantic refuses is a 400 here, the caps apply after
 that coercion, a list of prompts counts as that many sequences, and chat roles are checked."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.relay.cost import CostLimits, as_int, check
+from palmyra_serve.sidecar.policy.cost import CostLimits, check
+from palmyra_serve.sidecar.policy.lax import as_int
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 

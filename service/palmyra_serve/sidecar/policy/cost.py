@@ -1,10 +1,5 @@
-"""What a generation request will cost the engine, checked on the values vLLM will actually use.
-
-vLLM reads requests with pydantic models in lax mode, so `"1000"`, `1000.0` and `1e3` all become
-max_tokens=1000 there. Comparing only JSON integers (as the sidecar once did) let every other
-spelling past the cap. Here each field that multiplies work goes through pydantic's own lax int
-coercion (TypeAdapter(int), the validator vLLM's `int` fields use), and a value pydantic would
-refuse is refused here with a 400 of the sidecar's own, before it takes an admission slot.
+"""What a generation request will cost the engine, checked on the values vLLM will actually use
+(read laxly, policy/lax.py), before it takes an admission slot.
 
 Checked (vLLM 0.32's CompletionRequest / ChatCompletionRequest fields):
 - max_tokens, max_completion_tokens, min_tokens: at most the cap (default max-model-len).
@@ -14,20 +9,18 @@ Checked (vLLM 0.32's CompletionRequest / ChatCompletionRequest fields):
 - logprobs (completions: an int), top_logprobs (chat), prompt_logprobs: 0..max_logprobs, and
   the length of logprob_token_ids: per generated token work.
 - chat message roles: only OpenAI's chat schema (vLLM accepts any role as a custom message).
-Everything else is left to the engine's own validation, whose 400s pass through unchanged.
+Every other field has its own decision in policy/fields.py.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import TypeAdapter, ValidationError
+from typing import Any, Protocol
 
 from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.policy.lax import as_int
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _ROLES_TEXT = ", ".join(sorted(CHAT_ROLES))
-_INT = TypeAdapter(int)
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
 _LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 
@@ -41,18 +34,13 @@ class CostLimits:
         self.max_logprobs = max_logprobs
 
 
-def as_int(payload: dict, param: str) -> int | None:
-    """The field as vLLM's pydantic model would read it (None when absent or null)."""
-    value = payload.get(param)
-    if value is None or type(value) is int:
-        return value
-    try:
-        return _INT.validate_python(value)
-    except ValidationError:
-        raise errors.invalid_parameter(param, f"{param} must be an integer.") from None
+class CostBounds(Protocol):
+    max_tokens: int
+    max_choices: int
+    max_logprobs: int
 
 
-def check(payload: Any, limits: CostLimits, chat: bool) -> None:
+def check(payload: Any, limits: CostBounds, chat: bool) -> None:
     """Raise an ApiError (400) when the request asks for more than the limits allow."""
     if not isinstance(payload, dict):
         # vLLM 0.32 answers an array or null body with a 400, vLLM 0.18 (the Ascend image's) with

@@ -1,0 +1,1 @@
+"""What the sidecar decides about every field of a request body before the engine sees it."""
