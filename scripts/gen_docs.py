@@ -46,6 +46,7 @@ CONFIG_DOC = REPO / "docs" / "configuration.md"
 METRICS_DOC = REPO / "docs" / "metrics.md"
 DEPLOYMENT = REPO / "k8s" / "base" / "deployment.yaml"
 COMPOSE_FILE = REPO / "docker-compose.yml"
+FIELDS_DOC = REPO / "docs" / "request-fields.md"
 API_DOC = REPO / "docs" / "api.md"
 BLOCK = re.compile(
     r"(<!-- BEGIN GENERATED (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED (?P=name) -->)", re.S
@@ -387,6 +388,41 @@ def access_log_table() -> str:
     return "\n".join(["| key | meaning |", "|---|---|", *rows]) + "\n"
 
 
+def request_fields_table() -> str:
+    """Every relayed route's field decisions (policy/fields.py), with the engine versions whose
+    request model has each field (from the snapshot the unit tests check against both engines)."""
+    import json
+
+    from palmyra_serve.sidecar.policy.fields import BY_TARGET, OPENAI_ONLY
+
+    snapshot = json.loads((REPO / "tests" / "unit" / "data" / "vllm-request-fields.json").read_text())
+    versions = sorted(snapshot["versions"], key=lambda v: tuple(int(p) for p in v.split(".")))
+    out = []
+    for target, table in BY_TARGET.items():
+        route = target.decode()
+        present = {
+            v: set().union(*(set(m["fields"]) for r, m in snapshot["versions"][v].items() if r.split("#")[0] == route))
+            for v in versions
+        }
+        counts = {
+            d: sum(1 for r in table.values() if r.decision == d)
+            for d in ("bounded", "rewritten", "stripped", "refused", "passed")
+        }
+        out.append(f"### `{route}`\n\n")
+        out.append(
+            ", ".join(f"{len(present[v])} fields in vLLM {v}" for v in versions)
+            + "; decisions: "
+            + ", ".join(f"{n} {d}" for d, n in counts.items() if n)
+            + ".\n\n"
+        )
+        out.append("| field | decision | why | vLLM |\n|---|---|---|---|\n")
+        for name, rule in table.items():
+            where = "OpenAI only" if name in OPENAI_ONLY else ", ".join(v for v in versions if name in present[v])
+            out.append(f"| `{name}` | {rule.decision} | {cell(rule.why)} | {where} |\n")
+        out.append("\n")
+    return "".join(out)
+
+
 def compose_settings() -> str:
     """The YAML mapping of every setting Compose passes through, each from the variable of the same
     name, empty (the default, for Settings) when the env file and the shell leave it out."""
@@ -408,6 +444,7 @@ GENERATORS: dict[Path, dict[str, Callable[[], str]]] = {
     METRICS_DOC: {"sidecar-metrics": metrics_table, "sidecar-buckets": buckets_table},
     COMPOSE_FILE: {"compose-settings": compose_settings},
     API_DOC: {"access-log": access_log_table},
+    FIELDS_DOC: {"request-fields": request_fields_table},
 }
 
 

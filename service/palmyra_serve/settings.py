@@ -166,9 +166,7 @@ class Settings(BaseSettings):
     structured_max_bytes: int = Field(
         16 * 1024, ge=0, description="Largest structured-output field (schema, regex, grammar, tools), serialised."
     )
-    structured_max_choices: int = Field(
-        1024, ge=0, description="Most entries of a choice list or a schema's enum."
-    )
+    structured_max_choices: int = Field(1024, ge=0, description="Most entries of a choice list or a schema's enum.")
     structured_regex_grammar: bool = Field(
         True,
         description="Serve regex- and grammar-constrained output (structured_outputs.regex / .grammar, schema "

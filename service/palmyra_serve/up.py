@@ -5,7 +5,8 @@ cleanly (sidecar drains first, then the engine), leaving no process behind.
 A dead engine is restarted with backoff, as the orchestrated deployments do (Kubernetes'
 restartPolicy, Compose's `restart:`), and the console says so, once nothing of the old engine's
 session is left; the sidecar stays up, loses readiness while the engine is gone and warms the new
-one up. A dead sidecar stops everything.
+one up. An engine that refused its own arguments is not restarted: the same arguments would be
+refused again, so `up` stops with the engine's own message. A dead sidecar stops everything.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from palmyra_serve.engine import process_tree
@@ -31,6 +33,10 @@ STOP_TIMEOUT_S = 40.0
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 60.0
 RESTART_RESET_S = 300.0
+# The exit status of a refused command line: argparse's on a bad argument or value (vLLM's parser
+# is an argparse.ArgumentParser), and the launcher's when it refuses its engine key. A crash is
+# anything else (an uncaught exception exits 1, a signal 128+N).
+REFUSED_ARGUMENTS = 2
 
 
 def _say(msg: str) -> None:
@@ -59,6 +65,19 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
 
 def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def _stop(proc: subprocess.Popen, name: str, timeout_s: float) -> None:
@@ -104,6 +123,47 @@ def run_up(settings: Settings) -> int:
         env["PALMYRA_AUTH_DISABLED"] = "true"
         auth_note = "no client API key: auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)"
 
+    settings.up_log_dir.mkdir(parents=True, exist_ok=True)
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
+    children = Children(
+        engine_argv=[*exe, "engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)],
+        sidecar_argv=[*exe, "sidecar", "--host", settings.host, "--port", str(settings.port)],
+        env=env,
+        log_dir=settings.up_log_dir,
+        url=url,
+    )
+    return supervise(
+        children,
+        served_model_name=settings.served_model_name,
+        intro=f"model {model_dir}; logs in {settings.up_log_dir}/; {auth_note}",
+    )
+
+
+@dataclass(frozen=True)
+class Children:
+    """What `up` starts: the engine and the sidecar commands, their environment, where their logs
+    go, and the sidecar's URL it polls for /ready."""
+
+    engine_argv: list[str]
+    sidecar_argv: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    url: str
+
+
+def refusal_message(log_text: str) -> str:
+    """The engine's own words when it refused its arguments: argparse prints its usage, then one
+    `PROG: error: ...` line; the launcher logs `refusing to start: ...`. The last such line, else
+    the log's last non-empty line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    said = [line for line in lines if ": error: " in line or "refusing to start" in line]
+    return said[-1] if said else (lines[-1] if lines else "(the engine printed nothing)")
+
+
+def supervise(children: Children, served_model_name: str = "palmyra-mini", intro: str = "") -> int:
+    """Start both children and watch them until Ctrl-C (SIGINT or SIGTERM), a dead sidecar, or an
+    engine that refused its arguments; restart an engine that crashed. Returns up's exit status:
+    0 after Ctrl-C, 1 when the sidecar died, 2 when the engine refused its arguments."""
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -113,20 +173,19 @@ def run_up(settings: Settings) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    settings.up_log_dir.mkdir(parents=True, exist_ok=True)
-    logs = {"engine": settings.up_log_dir / "engine.log", "sidecar": settings.up_log_dir / "sidecar.log"}
-    engine_argv = [*exe, "engine", "--host", "127.0.0.1", "--port", str(settings.engine_port)]
+    logs = {"engine": children.log_dir / "engine.log", "sidecar": children.log_dir / "sidecar.log"}
+    engine_argv, env, url = children.engine_argv, children.env, children.url
+    engine_log_start = _size(logs["engine"])  # where this engine's lines begin (the log is appended to)
     engine = _spawn(engine_argv, env, logs["engine"])
-    sidecar = _spawn([*exe, "sidecar", "--host", settings.host, "--port", str(settings.port)], env, logs["sidecar"])
-    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
+    sidecar = _spawn(children.sidecar_argv, env, logs["sidecar"])
     t0 = engine_started = time.monotonic()
     code = 0
     restarts = 0
     backoff = RESTART_MIN_S
     restart_at: float | None = None
-    announced = was_ready = False
+    announced = was_ready = ready_since_start = False
     try:
-        _say(f"engine (vLLM) and sidecar starting; model {model_dir}; logs in {settings.up_log_dir}/; {auth_note}")
+        _say(f"engine (vLLM) and sidecar starting; {intro}")
         last = ""
         while not stopping:
             now = time.monotonic()
@@ -136,12 +195,22 @@ def run_up(settings: Settings) -> int:
                 break
             if restart_at is None and engine.poll() is not None:
                 ran = now - engine_started
-                if ran >= RESTART_RESET_S:
-                    backoff = RESTART_MIN_S
                 _say(
                     f"engine exited with code {engine.returncode} after {ran:.0f} s; the end of "
                     f"{logs['engine']}:\n{_tail(logs['engine'])}"
                 )
+                if engine.returncode == REFUSED_ARGUMENTS and not ready_since_start:
+                    # A configuration error, not a crash: the same command would be refused again.
+                    said = refusal_message(_read_from(logs["engine"], engine_log_start))
+                    _say(
+                        f"the engine refused its arguments: {said}\n"
+                        "not restarting it: fix the setting it names (PALMYRA_ENGINE_EXTRA_ARGS, or the "
+                        "PALMYRA_ setting behind the flag; docs/configuration.md) and run up again"
+                    )
+                    code = REFUSED_ARGUMENTS
+                    break
+                if ran >= RESTART_RESET_S:
+                    backoff = RESTART_MIN_S
                 _say(f"restarting the engine in {backoff:.0f} s (restart {restarts + 1}); the sidecar stays up")
                 # What is left of its session (engine core, workers), before the next one starts.
                 _stop(engine, "engine", STOP_TIMEOUT_S)
@@ -150,12 +219,14 @@ def run_up(settings: Settings) -> int:
             if restart_at is not None and now >= restart_at:
                 restarts += 1
                 restart_at = None
+                engine_log_start = _size(logs["engine"])
                 engine = _spawn(engine_argv, env, logs["engine"])
                 engine_started = t0 = now
+                ready_since_start = False
                 _say(f"engine restarted (restart {restarts}); waiting for it to be ready again")
             ok, body = _ready(url)
             if ok and not was_ready:
-                was_ready = True
+                was_ready = ready_since_start = True
                 if announced:
                     _say(f"ready again in {now - t0:.0f} s after the engine restart")
                     continue
@@ -164,7 +235,7 @@ def run_up(settings: Settings) -> int:
                 print(
                     f"\npalmyra-mini is being served at {url}\n"
                     f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
-                    f'       -d \'{{"model": "{settings.served_model_name}", "prompt": "Hello", "max_tokens": 16}}\'\n'
+                    f'       -d \'{{"model": "{served_model_name}", "prompt": "Hello", "max_tokens": 16}}\'\n'
                     f"  health {url}/health  ready {url}/ready  metrics {url}/metrics\n"
                     f"Ctrl-C stops both.\n",
                     flush=True,

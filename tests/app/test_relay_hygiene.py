@@ -45,11 +45,14 @@ def test_tokenize_has_a_gate_of_its_own(engine, sidecar_factory, client):
     env = {"PALMYRA_TOKENIZE_MAX_IN_FLIGHT": "4", "PALMYRA_TOKENIZE_MAX_QUEUE": "8"}
     with sidecar_factory(engine.url, **env) as sc:
         client.post(f"{engine.url}/fake/control", json={"tokenize_delay_s": 0.3})
-        body = {"model": "palmyra-mini", "prompt": "x" * 200_000}
+        bodies = {
+            "/tokenize": {"model": "palmyra-mini", "prompt": "x" * 200_000},
+            "/detokenize": {"model": "palmyra-mini", "tokens": [1] * 200},
+        }
 
         def one(path: str) -> int:
             with httpx.Client(timeout=30) as c:
-                return c.post(f"{sc.url}{path}", json=body).status_code
+                return c.post(f"{sc.url}{path}", json=bodies[path]).status_code
 
         with concurrent.futures.ThreadPoolExecutor(40) as pool:
             statuses = list(pool.map(one, ["/tokenize", "/detokenize"] * 20))

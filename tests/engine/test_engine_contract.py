@@ -75,3 +75,44 @@ def test_every_vllm_metric_the_monitoring_reads_is_on_the_live_engines_page(engi
         if bare:
             missing[name] = bare[:3]
     assert not missing, "read but not exported by this engine:\n" + json.dumps(missing, indent=1)
+
+
+def test_the_engines_request_models_are_the_ones_the_field_policy_decided():
+    """Every field of this engine's request models has a decision in policy/fields.py (the unit
+    tier checks the snapshot against the table; this checks the snapshot against the engine that
+    runs: vLLM 0.32 here, 0.18.0 in the vllm018 tier)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import engine_under_test
+
+    python = str(engine_under_test.VLLM018_VENV / "bin" / "python") if engine_under_test.vllm018() else sys.executable
+    helper = Path(__file__).resolve().parents[1] / "helpers" / "vllm_request_fields.py"
+    out = subprocess.run([python, str(helper)], capture_output=True, text=True, timeout=180, check=True)
+    live = json.loads(out.stdout.strip().splitlines()[-1])
+    snapshot = json.loads((helper.parents[1] / "unit" / "data" / "vllm-request-fields.json").read_text())
+    version = live.pop("vllm")
+    assert live == snapshot["versions"][version], f"vLLM {version}'s request models differ from the snapshot"
+
+
+def test_structured_output_within_the_bounds_is_served_and_the_freezing_schema_refused(sidecar_server):
+    """Attack: a 200-byte schema with a string pattern `{0,8000}` held vLLM 0.32's API server for
+    12.9 s (its /health timing out, /ready 503). Refused before the engine; a small schema served."""
+
+    def schema(prop: dict) -> dict:
+        return {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Answer."}],
+            "max_tokens": 8,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"a": prop}}},
+            },
+        }
+
+    url = f"{sidecar_server.url}/v1/chat/completions"
+    frozen = HTTP.post(url, json=schema({"type": "string", "pattern": "^[\\x00-\\uffff]{0,8000}$"}), timeout=10)
+    assert frozen.status_code == 400 and frozen.json()["error"]["param"] == "response_format"
+    small = HTTP.post(url, json=schema({"type": "string", "maxLength": 8}), timeout=60)
+    assert small.status_code == 200, small.text

@@ -274,6 +274,12 @@ async def _generate(request: web.Request) -> web.StreamResponse:
             },
             status=400,
         )
+    if mode == "fake:huge-404":
+        # What vLLM does with an unknown model name of 70 KB: echoes it in its 404's message.
+        message = "The model `" + "x" * 100_000 + "` does not exist."
+        return web.json_response(
+            {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}, status=404
+        )
     if mode == "fake:read-and-close":
         _socket(request).close()
         await asyncio.sleep(0.1)

@@ -184,6 +184,7 @@ SAMPLE_ARGS: dict[str, object] = {
     "path": "/v1/completions",
     "probe_paths": "/health, /ready",
     "request_id": "rid",
+    "why": "a reason",
     "retry_after": 7,
     "role": "robot",
     "seconds": 1.5,

@@ -32,8 +32,12 @@ spellings = st.sampled_from([lambda v: v, str, float])
     spell=spellings,
 )
 def test_reservation_covers_the_forced_generation(max_tokens, min_tokens, ignore_eos, n, prompts, spell):
-    payload = {"prompt": ["abcd"] * prompts, "min_tokens": spell(min_tokens), "n": spell(n),
-               "ignore_eos": "true" if ignore_eos else False}
+    payload = {
+        "prompt": ["abcd"] * prompts,
+        "min_tokens": spell(min_tokens),
+        "n": spell(n),
+        "ignore_eos": "true" if ignore_eos else False,
+    }
     if max_tokens is not None:
         payload["max_tokens"] = spell(max_tokens)
     reserved = demand(payload, False, 256, CAP).completion_tokens

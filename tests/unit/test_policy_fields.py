@@ -36,10 +36,7 @@ def _table(route: str):
 
 @pytest.mark.parametrize("version", sorted(VERSIONS))
 def test_every_field_of_every_model_has_a_decision(version):
-    missing = {
-        route: sorted(set(model["fields"]) - set(_table(route)))
-        for route, model in VERSIONS[version].items()
-    }
+    missing = {route: sorted(set(model["fields"]) - set(_table(route))) for route, model in VERSIONS[version].items()}
     assert not any(missing.values()), f"vLLM {version} fields without a decision in policy/fields.py: {missing}"
 
 
@@ -48,7 +45,12 @@ def test_no_decision_for_a_field_no_engine_has():
     one of OpenAI's own fields that clients send."""
     for target, table in BY_TARGET.items():
         known = set().union(
-            *(set(model["fields"]) for v in VERSIONS.values() for r, model in v.items() if r.split("#")[0].encode() == target)
+            *(
+                set(model["fields"])
+                for v in VERSIONS.values()
+                for r, model in v.items()
+                if r.split("#")[0].encode() == target
+            )
         )
         stale = set(table) - known - set(OPENAI_ONLY)
         assert not stale, f"{target.decode()}: rules for fields no engine version has: {sorted(stale)}"
@@ -134,7 +136,7 @@ def test_stripped_fields_never_reach_the_engine():
 
 def test_a_long_model_name_is_refused_before_the_engine_echoes_it():
     """Attack: a 70 KB model name made vLLM's 404 body exceed the relay's error cap."""
-    assert _refused(_chat(model="x" * 70_000)).param.startswith("model")
+    assert (_refused(_chat(model="x" * 70_000)).param or "").startswith("model")
 
 
 def test_a_prompt_nested_past_pythons_recursion_is_a_400():

@@ -18,7 +18,10 @@ LIMITS = StructuredLimits(max_bytes=16384, max_repeat=64, max_choices=1024, rege
 
 
 def _schema(prop: dict) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": prop}}}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": prop}}},
+    }
 
 
 def test_the_freezing_pattern_is_refused():
@@ -60,7 +63,7 @@ def test_a_schema_inside_a_json_string_is_walked():
 
 def test_regex_and_grammar_can_be_switched_off():
     off = StructuredLimits(16384, 64, 1024, regex_and_grammar=False)
-    for value in ({"regex": "[a-z]+"}, {"grammar": "root ::= \"a\""}):
+    for value in ({"regex": "[a-z]+"}, {"grammar": 'root ::= "a"'}):
         with pytest.raises(errors.ApiError) as caught:
             check(value, "structured_outputs", off)
         assert caught.value.code == errors.ErrorCode.UNSUPPORTED_PARAMETER

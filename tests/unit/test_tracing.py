@@ -99,15 +99,33 @@ def test_ratio_zero_records_nothing_and_tells_the_engine_so(url: str):
         tracing.shutdown()
 
 
-def test_a_clients_sampled_traceparent_wins_over_a_zero_ratio_and_an_invalid_one_starts_a_trace(url: str):
+def test_a_clients_sampled_flag_never_lifts_tracing_above_the_operators_ratio(url: str):
+    """Attack: a client's traceparent with the sampled flag overrode a ratio of 0.0 (four spans a
+    request, under a trace id of the client's choosing)."""
     tracing = Tracing(Settings(otlp_traces_endpoint=url, trace_sample_ratio=0.0))
     try:
         t0 = time.perf_counter()
         record = RequestRecord("r4", "POST", "/v1/completions", "completions")
+        for parent in (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000001-b7ad6b7169203331-01",  # the lowest id a ratio test passes
+            "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+            "garbage",
+        ):
+            assert tracing.start(scope(parent), record, t0).trace_id is None
+    finally:
+        tracing.shutdown()
+
+
+def test_a_clients_trace_is_continued_at_ratio_one_and_its_unsampled_flag_kept(url: str):
+    tracing = Tracing(Settings(otlp_traces_endpoint=url, trace_sample_ratio=1.0))
+    try:
+        t0 = time.perf_counter()
+        record = RequestRecord("r5", "POST", "/v1/completions", "completions")
         parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         assert tracing.start(scope(parent), record, t0).trace_id == "0af7651916cd43dd8448eb211c80319c"
-        for bad in ("00-" + "0" * 32 + "-b7ad6b7169203331-01", "garbage", "ff-0af7651916cd43dd8448eb211c80319c-xyz-01"):
-            assert tracing.start(scope(bad), record, t0).trace_id is None  # ratio 0: a new, unsampled trace
+        unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+        assert tracing.start(scope(unsampled), record, t0).trace_id is None
     finally:
         tracing.shutdown()
 

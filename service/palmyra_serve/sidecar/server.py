@@ -4,6 +4,9 @@ uvicorn's own handler stops accepting connections on the first signal. Here the 
 SIGINT turns the replica not-ready while the listener stays open (new requests get 503 with
 Retry-After), waits for in-flight requests up to the drain timeout, and only then lets uvicorn
 shut down; the process exits 0. A second SIGINT forces the exit.
+
+SIGHUP reloads, as daemons do: the key and tenants files are read again at once (they are also
+watched, once a second); nothing stops and nothing in flight is touched.
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.add_signal_handler(signal.SIGHUP, self._reload)
         await super().serve(sockets)
+
+    def _reload(self) -> None:
+        log.info("SIGHUP: reading the key and tenants files again")
+        self.sidecar.relay.keys.reload_now()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the

@@ -9,8 +9,10 @@ where they apply (docs/tracing.md lists every attribute):
 
 - the request (SERVER, `POST /v1/completions`), from its head to its answer's end: what the
   client got, its status, tokens, request id and tenant. It continues the client's W3C
-  `traceparent` when one came (its sampled flag is kept), else it starts a trace, sampled at
-  PALMYRA_TRACE_SAMPLE_RATIO;
+  `traceparent` when one came, else it starts a trace; either way at most
+  PALMYRA_TRACE_SAMPLE_RATIO of requests are sampled: a client's "not sampled" is kept, its
+  "sampled" is only a candidate, drawn at the ratio by a random number of the sidecar's (not by the
+  trace id, which the client chose, so no id it picks is always sampled);
 - `admission` (INTERNAL), the quota check and the wait for a slot: its verdict and queue wait;
 - the engine request (CLIENT, `POST`), from sending to the engine's last byte, with an event for a
   new connection's `connect` and for the `first_token`. Its id goes to the engine in the
@@ -26,6 +28,7 @@ in wall-clock nanoseconds from one anchor per request.
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from urllib.parse import urlsplit
@@ -35,8 +38,15 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from palmyra_serve import SIDECAR_SERVICE_NAME, __version__
@@ -67,7 +77,7 @@ class Tracing:
             attributes["service.name"] = SIDECAR_SERVICE_NAME
         self.provider = TracerProvider(
             resource=Resource.create(attributes),
-            sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+            sampler=operator_sampler(settings.trace_sample_ratio),
             shutdown_on_exit=False,  # shutdown() below, bounded; the SDK's own atexit hook is not
         )
         self.processor = BatchSpanProcessor(
@@ -220,3 +230,30 @@ class RequestTrace:
             attributes["palmyra.client_disconnected"] = True
         root.set_attributes(attributes)
         root.end(end_ns)
+
+
+class _DrawnRatio(Sampler):
+    """Samples at `ratio` by a random draw, whatever the trace id: for traces a client started."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def should_sample(  # type: ignore[no-untyped-def]
+        self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+    ) -> SamplingResult:
+        keep = random.random() < self.ratio
+        parent_state = get_current_span(parent_context).get_span_context().trace_state
+        return SamplingResult(
+            Decision.RECORD_AND_SAMPLE if keep else Decision.DROP, attributes if keep else None, parent_state
+        )
+
+    def get_description(self) -> str:
+        return f"DrawnRatio{{{self.ratio}}}"
+
+
+def operator_sampler(ratio: float) -> Sampler:
+    """The operator's ratio is the ceiling: a trace the sidecar starts is sampled by its (random)
+    id, a client's sampled trace by a draw at the same ratio, a client's unsampled one never."""
+    return ParentBased(
+        TraceIdRatioBased(ratio), remote_parent_sampled=_DrawnRatio(ratio), remote_parent_not_sampled=ALWAYS_OFF
+    )

@@ -167,6 +167,14 @@ class ApiKeys:
             return None
         return self._digests.get(hashlib.sha256(authorization[7:].strip()).digest())
 
+    def reload_now(self) -> None:
+        """Read the watched files again whether or not they look changed (SIGHUP)."""
+        for watched in (self._key_file, self._tenants_file):
+            if watched is not None:
+                watched.sig = None
+        self._next_check = self._clock() + RELOAD_EVERY_S
+        self._maybe_reload()
+
     def _maybe_reload(self) -> None:
         if self._key_file is not None and self._key_file.changed():
             try:
