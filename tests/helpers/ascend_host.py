@@ -58,6 +58,18 @@ def npu_smi_healthy() -> str:
     return sample(COLLECTING_LOGS, "npu-smi 23.0.5", "HBM-Usage(MB)", after="npu-smi info")
 
 
+def npu_smi_busy() -> str:
+    """Eight NPUs, each held by a `python` process using 30780 MB (npu-smi 23.0.rc3)."""
+    return sample(COLLECTING_LOGS, "npu-smi 23.0.rc3", "139667")
+
+
+def npu_smi_named(table: str, name: str) -> str:
+    """A recorded table with its chip names filled in: MindCluster's docs print `xxx` where npu-smi
+    prints the chip's name (e.g. 910B3). Only that cell changes; the parser splits on `|`."""
+    assert " xxx " in table
+    return table.replace(" xxx ", f" {name} ")
+
+
 def npu_smi_warning() -> str:
     """The same table with NPU 0's Health at Warning."""
     return sample(OFFLINE_RESET, "| Warning")
@@ -85,6 +97,8 @@ class Layout:
     node_owner: tuple[int, int] = (1000, 1000)  # HwHiAiUser's uid:gid as the driver installed it
     node_mode: int = 0o660
     user: tuple[int, int] | None = (1000, 1000)  # HwHiAiUser in etc/passwd; None: no such user
+    driver_library: str | None = "usr/local/Ascend/driver/lib64/driver"  # where libascend_hal.so is
+    shm: bool = True  # a dev/shm directory (its size is the temporary file system's: tests set it)
 
 
 def build(root: Path, layout: Layout) -> Path:
@@ -101,6 +115,12 @@ def build(root: Path, layout: Layout) -> Path:
         node.write_bytes(b"")
         os.chown(node, *layout.node_owner)
         node.chmod(layout.node_mode)
+    if layout.shm:
+        (dev / "shm").mkdir(exist_ok=True)
+    if layout.driver_library is not None:
+        lib = root / layout.driver_library
+        lib.mkdir(parents=True, exist_ok=True)
+        (lib / "libascend_hal.so").write_bytes(b"")
     etc = root / "etc"
     etc.mkdir(exist_ok=True)
     lines = ["root:x:0:0:root:/root:/bin/bash"]

@@ -2,11 +2,13 @@
 
 Levels, and when doctor stops the engine (`palmyra-serve engine` on Ascend, PALMYRA_DOCTOR=stop):
 - stop: the engine cannot start or cannot use the NPU, whatever else is right: no device node, a
-  device this user may not open, a visible-device number past the devices present, an image of the
-  other architecture, a chip npu-smi calls Critical, no Ascend driver where Ascend was asked for.
-- warn: it may start, and the field showed it going wrong: a driver older than the minimum, npu-smi
-  missing or failing, less free HBM than vLLM will ask for, HwHiAiUser's ids differing from the
-  image's, variables that disagree, a soft-partitioned vNPU without eager mode.
+  device this user may not open, the driver's libraries missing, a visible-device number past the
+  devices present, an image of the other architecture or built for another chip family, a chip
+  npu-smi calls Critical, no Ascend driver where Ascend was asked for.
+- warn: it may start, and the field showed it going wrong: a driver older than CANN's oldest line,
+  npu-smi missing or failing, less free HBM than vLLM will ask for, an NPU another process holds,
+  HwHiAiUser's ids differing from the image's, a user with no passwd entry, a small /dev/shm,
+  variables that disagree, a soft-partitioned vNPU without eager mode, CANN 8.5 on x86.
 - ok / info: nothing to do; info says what was seen (a CPU host, the architecture)."""
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Literal
 
 from palmyra_serve.doctor import facts
 from palmyra_serve.doctor.host import HostView, Node
-from palmyra_serve.doctor.npu_smi import parse
+from palmyra_serve.doctor.npu_smi import parse, processes
 
 Level = Literal["ok", "info", "warn", "stop"]
 LEVELS: tuple[Level, ...] = ("ok", "info", "warn", "stop")
@@ -102,10 +104,17 @@ def check_driver(host: HostView, want: Wanted) -> Finding:
         return Finding(
             name,
             "warn",
-            f"driver {host.driver_version} is older than {minimum}, the line CANN {facts.CANN_VERSION} goes with",
+            f"driver {host.driver_version} is older than {minimum}, the oldest line CANN {facts.CANN_VERSION} goes "
+            "with: device initialisation fails (e.g. `halMemGetInfo ... drvRetCode=17`, `507899`, `207004`)",
             f"upgrade the host's driver and firmware to {minimum} or later ({facts.MIN_DRIVER_SOURCE})",
         )
-    return Finding(name, "ok", f"driver {host.driver_version} (CANN {facts.CANN_VERSION} needs {minimum} or later)")
+    note = ""
+    if line < facts.HAMI_DRIVER_LINE:
+        hami = ".".join(map(str, facts.HAMI_DRIVER_LINE))
+        note = f"; HAMi's Ascend device plugin needs {hami} or later"
+    return Finding(
+        name, "ok", f"driver {host.driver_version} (CANN {facts.CANN_VERSION} needs {minimum} or later{note})"
+    )
 
 
 def check_npu_smi(host: HostView) -> Finding:
@@ -124,7 +133,19 @@ def check_npu_smi(host: HostView) -> Finding:
             "PALMYRA_ENGINE_EXTRA_ARGS='--additional-config.enable_cpu_binding false'",
         )
     if host.npu_smi_error:
-        return Finding(name, "warn", host.npu_smi_error, "run `npu-smi info` on the host: the driver may need a reset")
+        unchecked = "; the NPU's health, free HBM and the processes holding it go unchecked"
+        if host.control.get("dev/davinci_manager") is None:
+            return Finding(
+                name,
+                "warn",
+                host.npu_smi_error + unchecked,
+                "npu-smi needs /dev/davinci_manager: give this container the control devices and one NPU "
+                "(`--device /dev/davinci_manager --device /dev/devmm_svm --device /dev/hisi_hdc --device "
+                "/dev/davinci0`), or run `npu-smi info` on the host",
+            )
+        return Finding(
+            name, "warn", host.npu_smi_error + unchecked, "run `npu-smi info` on the host: the driver may need a reset"
+        )
     return Finding(name, "ok", f"/{host.npu_smi} answers")
 
 
@@ -163,6 +184,14 @@ def check_user(host: HostView, want: Wanted) -> Finding:
     name = "HwHiAiUser"
     if not is_ascend_host(host):
         return Finding(name, "info", "not checked (not an Ascend host)")
+    if host.root == "/" and "HWHIAIUSER_UID" in host.env:
+        # In the engine image, reading its own /etc/passwd: the image against itself. What can fail
+        # here is the device group (devices) and this uid's own entry (user account).
+        return Finding(
+            name,
+            "info",
+            "compared on the host only (`doctor --root /host`): here /etc/passwd is the image's own",
+        )
     account = host.host_user
     if account is None:
         return Finding(
@@ -180,6 +209,109 @@ def check_user(host: HostView, want: Wanted) -> Finding:
             f"or add group {account.gid} (Compose HWHIAIUSER_GID, Kubernetes supplementalGroups)",
         )
     return Finding(name, "ok", f"HwHiAiUser is {account.uid}:{account.gid}, as in the image")
+
+
+def check_driver_libraries(host: HostView) -> Finding:
+    name = "driver libraries"
+    if not is_ascend_host(host):
+        return Finding(name, "info", "not checked (not an Ascend host)")
+    if host.driver_libraries:
+        return Finding(name, "ok", f"/{host.driver_libraries[0]}")
+    where = ", ".join("/" + d for d in facts.DRIVER_LIBRARY_DIRS)
+    return Finding(
+        name,
+        "stop",
+        f"no {facts.DRIVER_HAL} in {where}: torch_npu cannot load (`{facts.DRIVER_HAL}: cannot open shared "
+        "object file`, then `Failed to load the backend extension: torch_npu`)",
+        "mount the host's /usr/local/Ascend/driver read-only (the Compose file does); in Kubernetes run the pod "
+        "under Ascend Docker Runtime (runtimeClassName: ascend, or the node's default runtime), which mounts "
+        "driver/lib64: MindCluster's device plugin without it passes the device nodes only",
+    )
+
+
+def check_account(host: HostView) -> Finding:
+    name = "user account"
+    if host.accounts is None:
+        return Finding(name, "info", "no /etc/passwd to read")
+    if host.uid in host.accounts:
+        return Finding(name, "ok", f"uid {host.uid} has an /etc/passwd entry")
+    return Finding(
+        name,
+        "warn",
+        f"uid {host.uid} has no entry in /etc/passwd: getpwuid() fails for it, and with it HCCL "
+        "(`HcclGetRootInfo ... error code is 19`) and torch's cache paths",
+        "run as the image's user (HwHiAiUser, HWHIAIUSER_UID) or build the image with "
+        f"--build-arg HWHIAIUSER_UID={host.uid}; a Kubernetes runAsUser must be a uid the image knows",
+    )
+
+
+def chip_device_type(name: str) -> str | None:
+    """npu-smi's chip name -> vllm-ascend's device type: '910B3' -> 'A2', '310P3' -> '_310P'; None
+    for a name that is no SOC of vllm-ascend's table (an A3's, a 910A's)."""
+    return facts.SOC_TO_DEVICE.get("ascend" + name.strip().lower())
+
+
+def check_chip_family(host: HostView) -> Finding:
+    name = "chip family"
+    soc = host.env.get("SOC_VERSION", "")
+    image = facts.SOC_TO_DEVICE.get(soc.lower())
+    if image is None:
+        return Finding(name, "info", "no SOC_VERSION of vllm-ascend's in the environment: not in the engine image")
+    chips = parse(host.npu_smi_output) if host.npu_smi_output else []
+    if not chips:
+        return Finding(name, "info", f"the image is built for {image} (SOC_VERSION={soc}); no npu-smi table to compare")
+    chip = chips[0].name
+    found = chip_device_type(chip)
+    fix = (
+        "Atlas A2 (910B): the default build; Atlas A3: build with --build-arg "
+        "VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0-a3; 310P and 910A: not served by this image "
+        f"(vllm-ascend v0.18.0 needs CANN {facts.X86_FIXED_IN_CANN} for 310P, and does not support 910A)"
+    )
+    if found == image:
+        return Finding(name, "ok", f"chip {chip} is {found}, as the image (SOC_VERSION={soc})")
+    if found is not None:
+        return Finding(name, "stop", f"chip {chip} is {found}; the image is built for {image} (SOC_VERSION={soc})", fix)
+    if image == "A2":
+        return Finding(
+            name,
+            "warn",
+            f"chip {chip} is none of the Atlas A2 chips (910B1-910B4) this image is built for (SOC_VERSION={soc}): "
+            "an A3 or a 910A?",
+            fix,
+        )
+    return Finding(name, "info", f"chip {chip}: not compared (the image is built for {image}, SOC_VERSION={soc})")
+
+
+def check_shm(host: HostView) -> Finding:
+    name = "/dev/shm"
+    if not is_ascend_host(host):
+        return Finding(name, "info", "not checked (not an Ascend host)")
+    if host.shm_bytes is None:
+        return Finding(name, "warn", "no /dev/shm here", "give the container a /dev/shm of 1 GiB or more")
+    size = host.shm_bytes / (1 << 20)
+    minimum = facts.MIN_SHM_BYTES >> 20
+    if host.shm_bytes < facts.MIN_SHM_BYTES:
+        return Finding(
+            name,
+            "warn",
+            f"{size:.0f} MiB; vllm-ascend's own `docker run` gives {minimum} MiB (--shm-size=1g)",
+            "Docker: --shm-size=1g (Compose: shm_size); Kubernetes: an emptyDir with medium: Memory on /dev/shm",
+        )
+    return Finding(name, "ok", f"{size:.0f} MiB")
+
+
+def check_cann_on_x86(host: HostView) -> Finding:
+    name = "CANN on x86"
+    if not is_ascend_host(host) or facts.IMAGE_ARCHES.get(host.machine) != "amd64":
+        return Finding(name, "info", "not an x86 Ascend host")
+    return Finding(
+        name,
+        "warn",
+        f"vllm-ascend v0.18.0 lists a known issue on x86 hosts that CANN {facts.X86_FIXED_IN_CANN} resolves; "
+        f"this image ships CANN {facts.CANN_VERSION} (vllm-ascend#7993)",
+        "prefer an aarch64 host, or watch the first start and generations closely "
+        "(docs/ascend-troubleshooting.md, 'x86 hosts')",
+    )
 
 
 def visible_ids(host: HostView) -> tuple[list[int] | None, str]:
@@ -282,6 +414,21 @@ def check_npu_state(host: HostView, want: Wanted) -> list[Finding]:
         )
     elif free is not None:
         out.append(Finding("HBM", "ok", f"{label}: {free:.0%} of {total} MB free"))
+    held = [p for p in processes(host.npu_smi_output) if (p.npu, p.chip) == (chip.npu, chip.chip)]
+    if held:
+        who = ", ".join(f"pid {p.pid} ({p.name}, {p.memory_mb} MB)" for p in held)
+        out.append(
+            Finding(
+                "NPU in use",
+                "warn",
+                f"{label} is held by {who}: vLLM then fails with `Free memory on device ... is less than desired "
+                "GPU memory utilization`, and npu-smi in a second container with -8005 / -8020",
+                "stop that process or its container (`docker ps`; the pid is the host's), or pick a free NPU "
+                "(PALMYRA_NPU_DEVICES)",
+            )
+        )
+    else:
+        out.append(Finding("NPU in use", "ok", f"{label}: no process holds it"))
     return out
 
 
@@ -325,11 +472,16 @@ def check_vnpu(host: HostView, want: Wanted) -> Finding:
 def run_checks(host: HostView, want: Wanted) -> list[Finding]:
     return [
         check_driver(host, want),
+        check_driver_libraries(host),
         check_npu_smi(host),
         check_devices(host),
         check_user(host, want),
+        check_account(host),
         *check_visible_devices(host),
         *check_npu_state(host, want),
+        check_chip_family(host),
+        check_shm(host),
         check_architecture(host, want),
+        check_cann_on_x86(host),
         check_vnpu(host, want),
     ]

@@ -9,13 +9,61 @@ DRIVER_VERSION_FILE = "usr/local/Ascend/driver/version.info"
 # The CANN the engine image carries (vllm-ascend v0.18.0's image, docs/source/installation.md).
 CANN_VERSION = "8.5.1"
 
-# The oldest driver (HDK) line doctor accepts for it: 25.5. vllm-ascend's installation page defers
-# to CANN's release notes for the HDK; the pairing shows in its own guides (kv_pool.md: HDK >= 26.0.0
-# goes with CANN >= 9.0.0, and 25.5.0 <= HDK < 26.0.0 with the 8.5 line before it), and HAMi's
-# Ascend device plugin (v1.4.0, docs/hami.md) requires driver >= 25.5 outright. Compared by
-# major.minor: a 25.5 release candidate is the 25.5 line.
-MIN_DRIVER_LINE = (25, 5)
-MIN_DRIVER_SOURCE = "CANN 8.5's release notes; HAMi's Ascend device plugin also requires 25.5 or later"
+# The driver (HDK) lines CANN 8.5 goes with, from CANN 8.5.0's release notes (version mapping:
+# "Ascend HDK 25.5.X, 25.3.X, 25.2.X, 25.0.X"; vllm-ascend's installation page defers to them).
+# Compared by major.minor: a 25.5 release candidate is the 25.5 line. Below the oldest, CANN 8.5
+# fails at device initialisation (driver 24.1: vllm-ascend#5468). 25.5 is not CANN's floor: it is
+# what HAMi's Ascend device plugin (v1.4.0, docs/hami.md) and vllm-ascend's KV pool
+# (kv_pool.md, 25.5.0 <= HDK < 26.0.0) need, which doctor says when the driver is below it.
+COMPATIBLE_DRIVER_LINES = ((25, 5), (25, 3), (25, 2), (25, 0))
+MIN_DRIVER_LINE = min(COMPATIBLE_DRIVER_LINES)
+MIN_DRIVER_SOURCE = "CANN 8.5's release notes pair it with HDK 25.0, 25.2, 25.3 and 25.5"
+HAMI_DRIVER_LINE = (25, 5)
+
+# The driver's user-space libraries, in the directories CANN's base image puts on LD_LIBRARY_PATH
+# (cann-container-image, 8.5.1 Dockerfiles); Ascend Docker Runtime mounts their parent,
+# driver/lib64 (base.list). torch_npu cannot load without libascend_hal.so: "libascend_hal.so:
+# cannot open shared object file", then "Failed to load the backend extension: torch_npu"
+# (vllm-ascend#1440).
+DRIVER_LIBRARY_DIRS = (
+    "usr/local/Ascend/driver/lib64",
+    "usr/local/Ascend/driver/lib64/common",
+    "usr/local/Ascend/driver/lib64/driver",
+)
+DRIVER_HAL = "libascend_hal.so"
+
+# /dev/shm: vllm-ascend's `docker run` gives the container 1 GiB (--shm-size=1g, installation.md);
+# Docker's default is 64 MiB.
+MIN_SHM_BYTES = 1 << 30
+
+# Chip families, from vllm-ascend's own table (setup.py at v0.18.0, soc_to_device): a SOC_VERSION
+# (the image's, in its ENV; upstream builds the A2 image with ascend910b1, the A3 one with
+# ascend910_9391) names the device type its kernels were built for. npu-smi's Name column for an
+# A2 chip (910B1..910B4) or a 310P (310P1..310P7) is the SOC without its "ascend" prefix.
+SOC_TO_DEVICE = {
+    "ascend910b1": "A2",
+    "ascend910b2": "A2",
+    "ascend910b2c": "A2",
+    "ascend910b3": "A2",
+    "ascend910b4": "A2",
+    "ascend910b4-1": "A2",
+    "ascend910_9391": "A3",
+    "ascend910_9381": "A3",
+    "ascend910_9372": "A3",
+    "ascend910_9392": "A3",
+    "ascend910_9382": "A3",
+    "ascend910_9362": "A3",
+    "ascend310p1": "_310P",
+    "ascend310p3": "_310P",
+    "ascend310p5": "_310P",
+    "ascend310p7": "_310P",
+}
+# The images this repository builds: A2 (the default base) and A3 (VLLM_ASCEND_BASE=...-a3).
+IMAGE_DEVICE_TYPES = ("A2", "A3")
+
+# vllm-ascend v0.18.0's release notes, Known Issue: an issue on x86 hosts resolved only in CANN
+# 9.0.0 (vllm-ascend#7993); the image ships CANN_VERSION.
+X86_FIXED_IN_CANN = "9.0.0"
 
 # Where driver installs put npu-smi, in the order HAMi's Ascend device plugin looks (v1.4.0,
 # docs/hami.md); Ascend Docker Runtime's base.list mounts the last. No one path is guaranteed, so

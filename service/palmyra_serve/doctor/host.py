@@ -49,6 +49,9 @@ class HostView:
     vnpus: tuple[Node, ...]  # /dev/vdavinciN: soft-partitioned (virtual) NPUs
     control: Mapping[str, Node | None] = field(default_factory=dict)  # facts.CONTROL_DEVICES
     host_user: Account | None = None  # HwHiAiUser in <root>/etc/passwd
+    accounts: frozenset[int] | None = None  # every uid <root>/etc/passwd names; None: unreadable
+    driver_libraries: tuple[str, ...] = ()  # facts.DRIVER_HAL where found, relative to the root
+    shm_bytes: int | None = None  # the size of <root>/dev/shm; None: not there
 
 
 def _node(root: Path, rel: str) -> Node | None:
@@ -77,6 +80,23 @@ def _account(root: Path, name: str) -> Account | None:
         if len(parts) >= 4 and parts[0] == name and parts[2].isdigit() and parts[3].isdigit():
             return Account(int(parts[2]), int(parts[3]))
     return None
+
+
+def _uids(root: Path) -> frozenset[int] | None:
+    try:
+        lines = (root / "etc/passwd").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    parts = [line.split(":") for line in lines]
+    return frozenset(int(p[2]) for p in parts if len(p) >= 3 and p[2].isdigit())
+
+
+def _shm_bytes(root: Path) -> int | None:
+    try:
+        st = os.statvfs(root / "dev/shm")
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def run_npu_smi(path: Path) -> tuple[str | None, str | None]:
@@ -123,4 +143,9 @@ def gather(root: str = "/", env: Mapping[str, str] | None = None, run_smi: bool 
         vnpus=tuple(n for name, n in nodes if n and name.startswith("v")),
         control={rel: _node(base, rel) for rel in facts.CONTROL_DEVICES},
         host_user=_account(base, facts.IMAGE_USER),
+        accounts=_uids(base),
+        driver_libraries=tuple(
+            f"{d}/{facts.DRIVER_HAL}" for d in facts.DRIVER_LIBRARY_DIRS if (base / d / facts.DRIVER_HAL).exists()
+        ),
+        shm_bytes=_shm_bytes(base),
     )

@@ -3,7 +3,9 @@
 The table (driver 23.x to 25.x, as Ascend's docs print it) gives each chip two lines between
 `+===...` separators: `| <npu> <name> | <health> | <power> <temp> <hugepages> |`, then
 `| <chip> | <bus-id> | <aicore%> <memory used / total> <HBM used / total> |`. The process table
-that follows (`| NPU Chip | Process id | ...`) ends the chip table."""
+that follows (`| NPU Chip | Process id | ...`) ends the chip table; processes() reads it: one row
+`| <npu> <chip> | <pid> | <name> | <memory MB> |` per process holding an NPU, or
+`| No running processes found in NPU <n> |`."""
 
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ class Chip:
         return max(0.0, (self.hbm_total_mb - self.hbm_used_mb) / self.hbm_total_mb)
 
 
+@dataclass(frozen=True)
+class NpuProcess:
+    npu: int
+    chip: int
+    pid: int
+    name: str
+    memory_mb: int | None
+
+
 def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
@@ -39,7 +50,7 @@ def parse(text: str) -> list[Chip]:
     in_table = False
     for raw in text.splitlines():
         line = raw.rstrip()
-        if "Process id" in line or "Process ID" in line:
+        if _is_process_header(line):
             break  # the process table: no more chips
         if line.startswith("+"):
             in_table = in_table or "=" in line
@@ -72,3 +83,37 @@ def _chip(first: str, second: str) -> Chip | None:
         hbm_used_mb=used,
         hbm_total_mb=total,
     )
+
+
+def _is_process_header(line: str) -> bool:
+    return "Process id" in line or "Process ID" in line
+
+
+def processes(text: str) -> list[NpuProcess]:
+    """The rows of the process table: who holds which NPU (none when npu-smi says no process runs)."""
+    found: list[NpuProcess] = []
+    in_table = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if _is_process_header(line):
+            in_table = True
+            continue
+        if not in_table or not line.startswith("|"):
+            continue
+        cells = _cells(line)
+        if len(cells) < 4:
+            continue
+        ids, pid = cells[0].split(), cells[1].split()
+        if len(ids) < 2 or not all(i.isdigit() for i in ids[:2]) or not pid or not pid[0].isdigit():
+            continue
+        memory = cells[3].split()
+        found.append(
+            NpuProcess(
+                npu=int(ids[0]),
+                chip=int(ids[1]),
+                pid=int(pid[0]),
+                name=cells[2],
+                memory_mb=int(memory[0]) if memory and memory[0].isdigit() else None,
+            )
+        )
+    return found
