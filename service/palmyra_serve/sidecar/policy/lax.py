@@ -21,36 +21,28 @@ _BOOL = TypeAdapter(bool)
 _FLOAT = TypeAdapter(float)
 
 
-def as_int(payload: dict, param: str) -> int | None:
-    """The field as vLLM's pydantic model would read it (None when absent or null)."""
+def _read(payload: dict, param: str, adapter: TypeAdapter, exact: type, what: str) -> Any:
     value = payload.get(param)
-    if value is None or type(value) is int:
+    if value is None or type(value) is exact:
         return value
     try:
-        return _INT.validate_python(value)
+        return adapter.validate_python(value)
     except ValidationError:
-        raise errors.invalid_parameter(param, f"{param} must be an integer.") from None
+        raise errors.invalid_parameter(param, f"{param} must be {what}.") from None
+
+
+def as_int(payload: dict, param: str) -> int | None:
+    """The field as vLLM's pydantic model would read it (None when absent or null)."""
+    return _read(payload, param, _INT, int, "an integer")
 
 
 def as_bool(payload: dict, param: str) -> bool | None:
     """A boolean as vLLM reads it: `"true"`, `"1"`, `"yes"`, `"on"`, `1` are True (None when absent)."""
-    value = payload.get(param)
-    if value is None or type(value) is bool:
-        return value
-    try:
-        return _BOOL.validate_python(value)
-    except ValidationError:
-        raise errors.invalid_parameter(param, f"{param} must be a boolean.") from None
+    return _read(payload, param, _BOOL, bool, "a boolean")
 
 
 def as_float(payload: dict, param: str) -> float | None:
-    value = payload.get(param)
-    if value is None or type(value) is float:
-        return value
-    try:
-        return _FLOAT.validate_python(value)
-    except ValidationError:
-        raise errors.invalid_parameter(param, f"{param} must be a number.") from None
+    return _read(payload, param, _FLOAT, float, "a number")
 
 
 def as_dict(payload: dict, param: str) -> dict[str, Any] | None:
