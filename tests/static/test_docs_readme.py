@@ -292,7 +292,17 @@ class Checker:
         i, entrypoint = 0, None
         while i < len(args) and args[i].startswith("-"):
             opt, _, inline = args[i].partition("=")
-            takes_value = opt in ("-v", "--volume", "-e", "--env", "--entrypoint", "--group-add", "--name", "-p")
+            takes_value = opt in (
+                "-v",
+                "--volume",
+                "-e",
+                "--env",
+                "--entrypoint",
+                "--group-add",
+                "--device",
+                "--name",
+                "-p",
+            )
             if opt == "--entrypoint":
                 entrypoint = inline or args[i + 1]
             i += 1 if inline or not takes_value else 2
