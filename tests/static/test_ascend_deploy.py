@@ -3,8 +3,9 @@ against the upstream files they must agree with, stored under tests/data/ascend-
 README there for sources, versions and licenses):
 
 - HAMi v2.10.0's device-configmap: the resource names HAMi really registers per chip model;
-- MindCluster v7.3.0's Ascend Device Plugin and npu-exporter manifests: the node label the plugin
-  runs on, its Volcano mode, and how npu-exporter is run (privileged, root, driver tree);
+- MindCluster v26.1.0's Ascend Device Plugin DaemonSets: the node label the plugin runs on
+  (`workerselector: dls-worker-node`) and its Volcano mode; MindCluster v7.3.0's npu-exporter
+  manifest: how npu-exporter is run (privileged, root, driver tree);
 - vllm-ascend v0.18.0's quick start (the devices and driver mounts of its own `docker run`), its
   Kubernetes guide (the MindCluster and CCE resource names) and its CCE manifest (what it mounts);
 - from tests/data/ascend-image/: MindCluster v7.3.0's ascend-for-volcano constants (the
@@ -273,11 +274,20 @@ def _without(spec: dict[str, Any], *keys: str) -> dict[str, Any]:
     return spec
 
 
+PLUGIN = "mindcluster-v26.1.0-ascendplugin.yaml"
+PLUGIN_VOLCANO = "mindcluster-v26.1.0-ascendplugin-volcano.yaml"
+
+
+def plugin_selector(name: str = PLUGIN) -> dict[str, str]:
+    return dict(upstream_daemonset(name)["spec"]["template"]["spec"]["nodeSelector"])
+
+
 def test_mindcluster_resource_and_node_label_are_the_device_plugins():
     spec = pod_spec(render("ascend-mindcluster"))
-    plugin = upstream_daemonset("mindcluster-v7.3.0-ascendplugin-910.yaml")["spec"]["template"]["spec"]
-    # The plugin's DaemonSet runs only on nodes with this label, so only they have the resource.
-    assert spec["nodeSelector"] == {"accelerator": plugin["nodeSelector"]["accelerator"]}
+    # The plugin's DaemonSet (MindCluster v26.1.0, both modes) runs only on nodes with this label,
+    # so only they have the resource: the engine selects the same nodes, by the same label.
+    assert plugin_selector() == plugin_selector(PLUGIN_VOLCANO) == {"workerselector": "dls-worker-node"}
+    assert spec["nodeSelector"] == plugin_selector()
     guide = (DATA / "vllm-ascend-v0.18.0-using_volcano_kthena.md").read_text(encoding="utf-8")
     mindcluster_line = next(line for line in guide.splitlines() if "If using [MindCluster]" in line)
     limits = container(spec, "engine")["resources"]["limits"]
@@ -289,11 +299,7 @@ def test_mindcluster_resource_and_node_label_are_the_device_plugins():
 
 
 def test_mindcluster_volcano_overlay_adds_only_what_volcano_mode_needs():
-    plugin_args = " ".join(
-        upstream_daemonset("mindcluster-v7.3.0-ascendplugin-volcano.yaml")["spec"]["template"]["spec"]["containers"][0][
-            "args"
-        ]
-    )
+    plugin_args = " ".join(upstream_daemonset(PLUGIN_VOLCANO)["spec"]["template"]["spec"]["containers"][0]["args"])
     assert "-volcanoType=true" in plugin_args
     plain = render("ascend-mindcluster")
     volcano = render("ascend-mindcluster-volcano")
@@ -309,19 +315,27 @@ def _pod_labels(objects: list[dict[str, Any]]) -> dict[str, str]:
     return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
 
 
-def mindcluster_problems(objects: list[dict[str, Any]], volcano: bool, root: Path = up.IMAGE_DATA) -> list[str]:
-    """A MindCluster overlay against ascend-for-volcano's constants (MindCluster v7.3.0): the
-    resource is its 910 card name, the nodeSelector key its accelerator label; in Volcano mode the
-    pod carries the job-kind label (ring-controller.atlas) with the 910B value, which the plugin's
-    GetPluginNameByReq maps to the 910 card handler."""
+def mindcluster_problems(
+    objects: list[dict[str, Any]], volcano: bool, root: Path = up.IMAGE_DATA, selector: dict[str, str] | None = None
+) -> list[str]:
+    """A MindCluster overlay against ascend-for-volcano's constants (MindCluster v7.3.0) and the
+    device plugin's DaemonSet (v26.1.0): the resource is its 910 card name; the nodeSelector is the
+    plugin DaemonSet's own (the nodes that have the resource), with no key but ascend-for-volcano's
+    accelerator labels beside it; in Volcano mode the pod carries the job-kind label
+    (ring-controller.atlas) with the 910B value, which the plugin's GetPluginNameByReq maps to the
+    910 card handler."""
     consts = up.volcano_constants(root)
     spec = pod_spec(objects)
     problems = []
     resources = [n for n in container(spec, "engine")["resources"]["limits"] if "/" in n]
     if resources != [consts["NPU910CardName"]]:
         problems.append(f"asks for {resources}; ascend-for-volcano's 910 card is {consts['NPU910CardName']}")
-    if set(spec.get("nodeSelector", {})) - {consts["Accelerator"], consts["AcceleratorType"]}:
-        problems.append(f"nodeSelector {spec.get('nodeSelector')} uses a key ascend-for-volcano does not")
+    wanted = plugin_selector() if selector is None else selector
+    chosen = spec.get("nodeSelector", {})
+    if any(chosen.get(k) != v for k, v in wanted.items()):
+        problems.append(f"nodeSelector {chosen} is not the device plugin DaemonSet's {wanted}")
+    if set(chosen) - set(wanted) - {consts["Accelerator"], consts["AcceleratorType"]}:
+        problems.append(f"nodeSelector {chosen} uses a key neither the plugin nor ascend-for-volcano does")
     kind = _pod_labels(objects).get(consts["JobKindKey"])
     if volcano and kind != consts["JobKind910BValue"]:
         problems.append(f"pod label {consts['JobKindKey']}={kind}; the 910B job kind is {consts['JobKind910BValue']}")
@@ -352,10 +366,11 @@ def volcano_doc_problems(root: Path = up.IMAGE_DATA) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("fault", ["910b-value", "job-kind-key", "accelerator-key", "overlay-label"])
+@pytest.mark.parametrize("fault", ["910b-value", "job-kind-key", "plugin-selector", "overlay-label"])
 def test_mindcluster_checks_can_fail(tmp_path, fault):
     objects = render("ascend-mindcluster-volcano")
     root = up.IMAGE_DATA
+    selector = None
     if fault == "910b-value":
         root = altered(
             tmp_path, VOLCANO_CONSTANTS, 'JobKind910BValue = "ascend-910b"', 'JobKind910BValue = "ascend-910B"'
@@ -364,11 +379,11 @@ def test_mindcluster_checks_can_fail(tmp_path, fault):
     elif fault == "job-kind-key":
         root = altered(tmp_path, VOLCANO_TYPES, 'JobKindKey = "ring-controller.atlas"', 'JobKindKey = "job-kind.atlas"')
         assert volcano_doc_problems(root), "the README's key is checked too"
-    elif fault == "accelerator-key":
-        root = altered(tmp_path, VOLCANO_TYPES, 'Accelerator = "accelerator"', 'Accelerator = "node-accelerator"')
+    elif fault == "plugin-selector":
+        selector = {"workerselector": "dls-master-node"}
     else:
         _pod_labels(objects)["ring-controller.atlas"] = "ascend-910"
-    assert mindcluster_problems(objects, volcano=True, root=root)
+    assert mindcluster_problems(objects, volcano=True, root=root, selector=selector)
 
 
 def test_a3_overlay_is_the_mindcluster_overlay_with_the_a3_image():
