@@ -320,10 +320,14 @@ def test_an_x86_host_is_warned_of_vllm_ascends_known_issue(tmp_path):
 
 
 def test_npu_smi_failing_for_want_of_davinci_manager_says_how_to_run_it(tmp_path):
-    host = view(tmp_path, Layout(npu_smi_exit=3, control=("devmm_svm", "hisi_hdc")))
+    # doctor in a container without the control devices, judging a mounted host root that has them.
+    host = dataclasses.replace(view(tmp_path, Layout(npu_smi_exit=3)), manager_here=False)
     got = findings(host)["npu-smi"][0]
     assert got.level == "warn" and "--device /dev/davinci_manager" in got.fix
     assert "processes holding it go unchecked" in got.message
+    # With the device here, a failing npu-smi points at the driver instead.
+    here = dataclasses.replace(host, manager_here=True)
+    assert "--device" not in findings(here)["npu-smi"][0].fix
 
 
 def test_the_busy_table_parses_its_processes():

@@ -134,7 +134,7 @@ def check_npu_smi(host: HostView) -> Finding:
         )
     if host.npu_smi_error:
         unchecked = "; the NPU's health, free HBM and the processes holding it go unchecked"
-        if host.control.get("dev/davinci_manager") is None:
+        if not host.manager_here:
             return Finding(
                 name,
                 "warn",

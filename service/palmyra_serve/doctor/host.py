@@ -52,6 +52,9 @@ class HostView:
     accounts: frozenset[int] | None = None  # every uid <root>/etc/passwd names; None: unreadable
     driver_libraries: tuple[str, ...] = ()  # facts.DRIVER_HAL where found, relative to the root
     shm_bytes: int | None = None  # the size of <root>/dev/shm; None: not there
+    # /dev/davinci_manager where npu-smi runs: this process's own /dev, whatever the root (doctor
+    # in a container judging a mounted host root runs the host's npu-smi here).
+    manager_here: bool = True
 
 
 def _node(root: Path, rel: str) -> Node | None:
@@ -148,4 +151,5 @@ def gather(root: str = "/", env: Mapping[str, str] | None = None, run_smi: bool 
             f"{d}/{facts.DRIVER_HAL}" for d in facts.DRIVER_LIBRARY_DIRS if (base / d / facts.DRIVER_HAL).exists()
         ),
         shm_bytes=_shm_bytes(base),
+        manager_here=os.path.exists("/dev/davinci_manager"),
     )
