@@ -171,10 +171,27 @@ def variant_problems(root: Path = up.IMAGE_DATA) -> list[str]:
             f"the A3 overlay gives the A2 image's SOC_VERSION as {said and said.group(1)}: "
             f"upstream's is {a2.env['SOC_VERSION']}"
         )
+    # Besides the images' release, a page may name the CANN that vllm-ascend v0.18.0's own release
+    # notes tell users to upgrade to (its known issues fixed there), and no other.
+    allowed = release | cann_upgrade_targets()
     for path in mention_files():
-        for named in set(re.findall(r"\bCANN (\d+\.\d+\.\d+)", path.read_text(encoding="utf-8"))) - release:
+        for named in set(re.findall(r"\bCANN (\d+\.\d+\.\d+)", path.read_text(encoding="utf-8"))) - allowed:
             problems.append(f"{path.relative_to(REPO)} names CANN {named}; the images are on CANN {release}")
     return problems
+
+
+def cann_upgrade_targets() -> set[str]:
+    """The CANN versions vllm-ascend v0.18.0's release notes (tests/data/ascend-host/) name as the
+    ones to upgrade to, in that release's section."""
+    notes = (REPO / "tests" / "data" / "ascend-host" / "vllm-ascend-v0.18.0-release_notes.md").read_text("utf-8")
+    release = notes[notes.index("## v0.18.0 ") :]
+    release = release[: release.index("\n## v", 5)]
+    return {
+        v
+        for line in release.splitlines()
+        if "upgrade" in line.lower()
+        for v in re.findall(r"CANN (\d+\.\d+\.\d+)", line)
+    }
 
 
 def test_a3_variant_is_the_same_recipe_on_the_a3_base_with_its_soc_version() -> None:
