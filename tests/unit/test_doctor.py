@@ -34,6 +34,11 @@ def view(
     return dataclasses.replace(seen, uid=who[0], groups=who[1], machine=machine, shm_bytes=shm)
 
 
+def as_own_system(host: HostView) -> HostView:
+    """The same view as doctor has it on the system it runs in (root `/`): the engine's start."""
+    return dataclasses.replace(host, root="/")
+
+
 def findings(host: HostView, **wanted) -> dict[str, list[Finding]]:
     out: dict[str, list[Finding]] = {}
     for f in run_checks(host, Wanted(**wanted)):
@@ -48,7 +53,7 @@ def levels(host: HostView, **wanted) -> dict[str, str]:
 
 
 def test_a_healthy_host_passes_every_check(tmp_path):
-    host = view(tmp_path, Layout(npu_smi_at="usr/local/sbin/npu-smi"))  # HAMi's default place
+    host = as_own_system(view(tmp_path, Layout(npu_smi_at="usr/local/sbin/npu-smi")))  # HAMi's default place
     got = levels(host)
     assert {k: v for k, v in got.items() if k not in ("architecture", "CANN on x86", "chip family")} == {
         "driver": "ok",
@@ -275,10 +280,12 @@ def test_an_npu_held_by_another_process_warns_with_its_pid(tmp_path):
 
 
 def test_a_uid_without_a_passwd_entry_warns_with_hccls_error(tmp_path):
-    host = view(tmp_path, Layout(), who=(4242, frozenset({1000})))
+    host = as_own_system(view(tmp_path, Layout(), who=(4242, frozenset({1000}))))
     got = findings(host)["user account"][0]
     assert got.level == "warn" and "error code is 19" in got.message and "HWHIAIUSER_UID=4242" in got.fix
-    assert levels(view(tmp_path / "known", Layout()))["user account"] == "ok"
+    assert levels(as_own_system(view(tmp_path / "known", Layout())))["user account"] == "ok"
+    # A mounted host root's passwd says nothing of the engine container's user.
+    assert levels(view(tmp_path / "mounted", Layout(), who=(4242, frozenset({1000}))))["user account"] == "info"
 
 
 def test_in_the_image_hwhiaiuser_is_not_compared_with_itself(tmp_path):
@@ -307,10 +314,11 @@ def test_the_chip_family_must_be_the_images(tmp_path, chip, soc, level):
 
 
 def test_a_small_dev_shm_warns(tmp_path):
-    host = dataclasses.replace(view(tmp_path, Layout()), shm_bytes=64 << 20)  # Docker's default
+    host = as_own_system(dataclasses.replace(view(tmp_path, Layout()), shm_bytes=64 << 20))  # Docker's default
     got = findings(host)["/dev/shm"][0]
     assert got.level == "warn" and "64 MiB" in got.message and "--shm-size=1g" in got.fix
-    assert levels(view(tmp_path / "none", Layout(shm=False)))["/dev/shm"] == "warn"
+    assert levels(as_own_system(view(tmp_path / "none", Layout(shm=False))))["/dev/shm"] == "warn"
+    assert levels(dataclasses.replace(host, root=str(tmp_path)))["/dev/shm"] == "info"  # a mounted host's
 
 
 def test_an_x86_host_is_warned_of_vllm_ascends_known_issue(tmp_path):

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from palmyra_serve.doctor import facts
 from tests.helpers import ascend_host
 from tests.helpers.ascend_host import Layout
 
@@ -32,13 +31,11 @@ def test_a_passing_host_prints_every_check_and_the_ready_verdict(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     # What this machine adds to the stand-in: its architecture (x86 hosts are warned of vllm-ascend
-    # v0.18.0's known issue) and the size of the temporary file system standing in for /dev/shm.
+    # v0.18.0's known issue). /dev/shm and the user's passwd entry are the engine container's, not
+    # a mounted root's: info here.
     machine_warnings = []
     if platform.machine() in ("x86_64", "amd64"):
         machine_warnings.append("CANN on x86")
-    stat = os.statvfs(root / "dev/shm")
-    if stat.f_blocks * stat.f_frsize < facts.MIN_SHM_BYTES:
-        machine_warnings.append("/dev/shm")
     warned = [line.split("]", 1)[1].split(":", 1)[0].strip() for line in lines if line.startswith("[WARN]")]
     assert warned == machine_warnings, done.stdout
     expected = (
@@ -47,9 +44,11 @@ def test_a_passing_host_prints_every_check_and_the_ready_verdict(tmp_path):
         else "verdict: ready for the Ascend engine"
     )
     assert lines[-1] == expected
-    checks = ("driver", "driver libraries", "npu-smi", "devices", "HwHiAiUser", "user account", "visible devices")
+    checks = ("driver", "driver libraries", "npu-smi", "devices", "HwHiAiUser", "visible devices")
     for check in (*checks, "NPU state", "HBM", "NPU in use", "vNPU"):
         assert any(line.startswith("[ok  ] " + check + ":") for line in lines), (check, done.stdout)
+    for check in ("user account", "/dev/shm"):
+        assert any(line.startswith("[info] " + check + ": judged where the engine runs") for line in lines)
 
 
 def test_a_failing_host_exits_1_with_each_fix(tmp_path):

@@ -184,7 +184,7 @@ def check_user(host: HostView, want: Wanted) -> Finding:
     name = "HwHiAiUser"
     if not is_ascend_host(host):
         return Finding(name, "info", "not checked (not an Ascend host)")
-    if host.root == "/" and "HWHIAIUSER_UID" in host.env:
+    if own_system(host) and "HWHIAIUSER_UID" in host.env:
         # In the engine image, reading its own /etc/passwd: the image against itself. What can fail
         # here is the device group (devices) and this uid's own entry (user account).
         return Finding(
@@ -229,8 +229,19 @@ def check_driver_libraries(host: HostView) -> Finding:
     )
 
 
+def own_system(host: HostView) -> bool:
+    """True when doctor looks at the system it runs in (the engine's start, or doctor run there),
+    not at a host root mounted into another container: its user and /dev/shm are the engine's."""
+    return host.root == "/"
+
+
+ENGINE_ONLY = "judged where the engine runs (its start logs it): here the root is a mounted host's"
+
+
 def check_account(host: HostView) -> Finding:
     name = "user account"
+    if not own_system(host):
+        return Finding(name, "info", ENGINE_ONLY)
     if host.accounts is None:
         return Finding(name, "info", "no /etc/passwd to read")
     if host.uid in host.accounts:
@@ -286,6 +297,8 @@ def check_shm(host: HostView) -> Finding:
     name = "/dev/shm"
     if not is_ascend_host(host):
         return Finding(name, "info", "not checked (not an Ascend host)")
+    if not own_system(host):
+        return Finding(name, "info", ENGINE_ONLY)
     if host.shm_bytes is None:
         return Finding(name, "warn", "no /dev/shm here", "give the container a /dev/shm of 1 GiB or more")
     size = host.shm_bytes / (1 << 20)
