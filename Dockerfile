@@ -282,9 +282,9 @@ CMD ["palmyra-serve", "engine", "--host", "127.0.0.1", "--port", "8000"]
 # provides glibc and the NVIDIA container-runtime hooks. Same layout and user as the other engines.
 # The base's CUDA is the wheels': vllm 0.32.0 pins torch==2.13.0, whose wheel requires
 # cuda-toolkit==13.0.3 and nvidia-*-cu13 (its METADATA, tests/data/cuda-image/). CUDA 13 needs the
-# R580 driver branch or newer; the base's NVIDIA_REQUIRE_CUDA (cuda>=13.0) makes the NVIDIA
-# container runtime refuse an older driver when the container starts, naming the requirement,
-# instead of torch failing at CUDA initialisation. The build checks that torch's CUDA major is the
+# R580 driver branch or newer; the base's NVIDIA_REQUIRE_CUDA (cuda>=13.0, with exceptions only for
+# R535's forward compatibility) makes the NVIDIA container runtime refuse an R570/R575 driver when
+# the container starts, naming the requirement, instead of torch failing at CUDA initialisation. The build checks that torch's CUDA major is the
 # base's. FlashInfer (flashinfer-python 0.7.0.post1, pinned by vllm) compiles its kernels with nvcc
 # at first use unless a matching prebuilt-kernel package is installed, and the index has none for
 # 0.7.0.post1; this runtime image has no nvcc. So its top-k/top-p sampler is off
