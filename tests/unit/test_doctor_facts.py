@@ -49,6 +49,8 @@ def test_the_driver_libraries_are_where_canns_image_loads_them_and_the_runtime_m
     driver_dirs = [d.rstrip("/").lstrip("/") for d in entries if d.startswith("/usr/local/Ascend/driver/")]
     assert tuple(driver_dirs) == facts.DRIVER_LIBRARY_DIRS
     assert "/" + facts.DRIVER_LIBRARY_DIRS[0] in ascend_host.BASE_LIST.read_text().split()
+    _devices, mounts = docker_run(INSTALLATION)  # vllm-ascend's own `docker run` mounts it too
+    assert "/" + facts.DRIVER_LIBRARY_DIRS[0] + "/" in mounts
     upstream = (DATA / "ascend-image" / "vllm-ascend-v0.18.0-Dockerfile").read_text()
     assert f"`{facts.DRIVER_HAL}` path" in upstream
 

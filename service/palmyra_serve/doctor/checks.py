@@ -223,7 +223,8 @@ def check_driver_libraries(host: HostView) -> Finding:
         "stop",
         f"no {facts.DRIVER_HAL} in {where}: torch_npu cannot load (`{facts.DRIVER_HAL}: cannot open shared "
         "object file`, then `Failed to load the backend extension: torch_npu`)",
-        "mount the host's /usr/local/Ascend/driver read-only (the Compose file does); in Kubernetes run the pod "
+        "mount the host's /usr/local/Ascend/driver/lib64 read-only, as vllm-ascend's `docker run` and the Compose "
+        "file do; in Kubernetes run the pod "
         "under Ascend Docker Runtime (runtimeClassName: ascend, or the node's default runtime), which mounts "
         "driver/lib64: MindCluster's device plugin without it passes the device nodes only",
     )
