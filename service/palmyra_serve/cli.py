@@ -157,7 +157,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         from palmyra_serve.doctor.command import preflight
 
         if not preflight(settings, settings.doctor):
-            return 1
+            return 2  # the host's configuration, like a refused argument: `up` stops rather than restarts
     return run(cmd)
 
 
@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sidecar",
         "run the sidecar in front of the engine",
         "The only door to the engine: the allow-listed OpenAI routes, API keys, admission control, "
-        "/health, /ready (after warmup), /metrics, request ids, JSON access logs, drain on SIGTERM.",
+        "/health, /ready (after warmup), /metrics (per-tenant series on --probe-port only), request ids, JSON access "
+        "logs, drain on SIGTERM.",
     )
     _add_listen(p, "port", 8080)
     p.add_argument(
@@ -337,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="probe_port",
         type=int,
         default=S,
-        help="a second port serving only /health, /health/sidecar and /ready, for probes (PALMYRA_PROBE_PORT)",
+        help="a second port, never published, serving only /health, /health/sidecar, /ready and the full "
+        "/metrics (per-tenant series included), for probes and Prometheus (PALMYRA_PROBE_PORT)",
     )
     p.set_defaults(func=cmd_sidecar)
 

@@ -33,9 +33,10 @@ STOP_TIMEOUT_S = 40.0
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 60.0
 RESTART_RESET_S = 300.0
-# The exit status of a refused command line: argparse's on a bad argument or value (vLLM's parser
-# is an argparse.ArgumentParser), and the launcher's when it refuses its engine key. A crash is
-# anything else (an uncaught exception exits 1, a signal 128+N).
+# The exit status of a refused start: argparse's on a bad argument or value (vLLM's parser is an
+# argparse.ArgumentParser), the launcher's when it refuses its engine key, and doctor's preflight
+# when it finds the host unfit. A crash is anything else (an uncaught exception exits 1, a signal
+# 128+N).
 REFUSED_ARGUMENTS = 2
 
 
@@ -152,7 +153,7 @@ class Children:
 
 
 def refusal_message(log_text: str) -> str:
-    """The engine's own words when it refused its arguments: argparse prints its usage, then one
+    """The engine's own words when it refused to start: argparse prints its usage, then one
     `PROG: error: ...` line; the launcher logs `refusing to start: ...`. The last such line, else
     the log's last non-empty line."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
@@ -162,8 +163,9 @@ def refusal_message(log_text: str) -> str:
 
 def supervise(children: Children, served_model_name: str = "palmyra-mini", intro: str = "") -> int:
     """Start both children and watch them until Ctrl-C (SIGINT or SIGTERM), a dead sidecar, or an
-    engine that refused its arguments; restart an engine that crashed. Returns up's exit status:
-    0 after Ctrl-C, 1 when the sidecar died, 2 when the engine refused its arguments."""
+    engine that refused to start (its arguments, or the host doctor judged); restart an engine that
+    crashed. Returns up's exit status: 0 after Ctrl-C, 1 when the sidecar died, 2 when the engine
+    refused to start."""
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -203,9 +205,10 @@ def supervise(children: Children, served_model_name: str = "palmyra-mini", intro
                     # A configuration error, not a crash: the same command would be refused again.
                     said = refusal_message(_read_from(logs["engine"], engine_log_start))
                     _say(
-                        f"the engine refused its arguments: {said}\n"
-                        "not restarting it: fix the setting it names (PALMYRA_ENGINE_EXTRA_ARGS, or the "
-                        "PALMYRA_ setting behind the flag; docs/configuration.md) and run up again"
+                        f"the engine refused to start: {said}\n"
+                        "not restarting it: fix what it names (PALMYRA_ENGINE_EXTRA_ARGS, the PALMYRA_ "
+                        "setting behind a flag: docs/configuration.md; a host problem doctor found: "
+                        "docs/ascend-troubleshooting.md) and run up again"
                     )
                     code = REFUSED_ARGUMENTS
                     break

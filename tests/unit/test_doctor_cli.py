@@ -78,9 +78,13 @@ def test_the_engine_on_ascend_refuses_to_start_vllm_when_doctor_finds_a_certain_
     env = {**BASE_ENV, "PALMYRA_ENGINE_API_KEY": "doctor-test-engine-key-0123456789"}
     argv = [*CLI, "engine", "--platform", "ascend", "--no-fetch", "--model", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    assert done.returncode == 1, done.stdout + done.stderr
+    # 2, a refused start like a refused argument: `palmyra-serve up` stops instead of restarting it
+    assert done.returncode == 2, done.stdout + done.stderr
     logs = done.stdout + done.stderr  # JSON log lines
-    assert "no Ascend driver here" in logs and "not starting vLLM" in logs
+    assert "no Ascend driver here" in logs and "doctor: refusing to start" in logs
+    from palmyra_serve.up import refusal_message
+
+    assert refusal_message(logs).startswith('{"ts"') and "refusing to start" in refusal_message(logs)
     assert "starting vLLM (ascend)" not in logs
     # --print-command starts nothing, so it runs no checks.
     printed = subprocess.run([*argv, "--print-command"], capture_output=True, text=True, timeout=60, env=env)

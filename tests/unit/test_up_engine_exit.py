@@ -114,7 +114,7 @@ def test_an_engine_that_refuses_its_arguments_stops_up_with_its_message(tmp_path
     console = console_of(tmp_path)
     assert proc.returncode == up.REFUSED_ARGUMENTS, console
     # The engine's own words, singled out, and no restart.
-    assert "the engine refused its arguments: api_server.py: error: argument --structured-outputs-config" in console
+    assert "the engine refused to start: api_server.py: error: argument --structured-outputs-config" in console
     assert "usage: api_server.py" in console  # the log's tail, as for any engine exit
     assert "restarting the engine" not in console
     assert len(engine_starts(starts)) == 1
@@ -129,7 +129,7 @@ def test_a_crashed_engine_is_still_restarted_with_backoff(tmp_path):
     console = console_of(tmp_path)
     assert code == 0, console
     assert "restarting the engine in 1 s (restart 1)" in console
-    assert "refused its arguments" not in console
+    assert "refused to start" not in console
     first, second = engine_starts(starts)[:2]
     assert second - first >= 1.0, engine_starts(starts)
 
@@ -139,7 +139,7 @@ def test_exit_2_after_the_engine_was_ready_is_a_crash(tmp_path):
     wait_until(lambda: "restarting the engine in 1 s (restart 1)" in console_of(tmp_path), 20, "a restart")
     code = stop(proc)
     console = console_of(tmp_path)
-    assert "ready in" in console and "refused its arguments" not in console
+    assert "ready in" in console and "refused to start" not in console
     assert code == 0, console
 
 

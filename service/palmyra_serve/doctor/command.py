@@ -88,7 +88,7 @@ def preflight(settings: Settings, mode: str) -> bool:
         log.log(level, "doctor: %s: %s", f.check, f.message, extra={"fields": {"doctor": f.level, "fix": f.fix}})
     result = verdict(findings)
     if exit_status(findings) and mode == "stop":
-        log.error("doctor: %s; not starting vLLM (PALMYRA_DOCTOR=warn starts it anyway)", result)
+        log.error("doctor: refusing to start: %s (PALMYRA_DOCTOR=warn starts it anyway)", result)
         return False
     log.info("doctor: %s", result)
     return True
