@@ -10,8 +10,9 @@
         in), or when `pip check` reports a problem it did not report before. A NO_DEPS_NAME is a
         distribution installed with --no-deps on purpose (the project: its declared dependencies
         are the sidecar's web stack, which the engine image does not run); `pip check` lines about
-        its own requirements are printed, not fatal; the build's import of the launcher is the test. The base's own `pip check` complaints are printed, not fatal: vllm-ascend's
-        image carries deliberate overrides (torch_npu and triton_ascend builds newer than its pins).
+        its own requirements are printed, not fatal; the build's import of the launcher is the test.
+        The base's own `pip check` complaints are printed, not fatal: vllm-ascend's image carries
+        deliberate overrides (torch_npu and triton_ascend builds newer than its pins).
 Standard library only: it runs in the base image's interpreter before anything is added.
 """
 
@@ -77,8 +78,10 @@ def snapshot(state: Path, constraints: Path) -> int:
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pinned.items())))
     # Those left out of the constraints are still compared afterwards.
     skipped = sorted(set(dists) - set(pinned))
-    print(f"check-base-unmoved: {len(dists)} distributions in the base"
-          + (f"; not constrainable (non-PEP 440 versions), compared only: {', '.join(skipped)}" if skipped else ""))
+    print(
+        f"check-base-unmoved: {len(dists)} distributions in the base"
+        + (f"; not constrainable (non-PEP 440 versions), compared only: {', '.join(skipped)}" if skipped else "")
+    )
     return 0
 
 
@@ -108,7 +111,8 @@ def compare(state: Path, requirements: Path, extra: list[str]) -> int:
     for line in problems:
         print(f"check-base-unmoved: {line}", file=sys.stderr)
     added = sorted(set(now) - set(before["installed"]))
-    print(f"check-base-unmoved: added {', '.join(f'{n}=={now[n]}' for n in added) or 'nothing'}; base unmoved, pip check clean: {not problems}")
+    listed = ", ".join(f"{n}=={now[n]}" for n in added) or "nothing"
+    print(f"check-base-unmoved: added {listed}; base unmoved, pip check clean: {not problems}")
     return 1 if problems else 0
 
 

@@ -1,8 +1,9 @@
 """The Python in this tree is lint-clean, formatted and type-checked: ruff and mypy from this venv,
 with their configuration from pyproject.toml ([tool.ruff], [tool.mypy]; pins in
-tests/requirements-tools.txt), over service/, tests/, benchmarks/, scripts/ and monitoring/.
+tests/requirements-tools.txt), over service/, tests/, benchmarks/, scripts/, monitoring/, docker/
+and healthchecks/: every Python file of the repository.
 
-- ruff check and ruff format: one rule set and one style for all five; a per-line `noqa` only
+- ruff check and ruff format: one rule set and one style for all seven; a per-line `noqa` only
   where a rule is wrong for that line, with the reason beside it.
 - mypy, the package (service/palmyra_serve): every function annotated, every body checked: it is
   what the images run, and its code already met that.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # What is checked, relative to the repository root; mypy's own list is [tool.mypy] files.
-PATHS = ("service/", "tests/", "benchmarks/", "scripts/", "monitoring/")
+PATHS = ("service/", "tests/", "benchmarks/", "scripts/", "monitoring/", "docker/", "healthchecks/")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,7 +50,7 @@ def test_ruff_format() -> None:
 def test_mypy() -> None:
     # Files, plugin (pydantic.mypy) and strictness come from [tool.mypy]; mypy_path points at this
     # tree's service/, so the package checked is this checkout's, not the venv's editable install.
-    # Its file list names the same five trees (the package by its folder), so none drops out.
+    # Its file list names the same seven trees (the package by its folder), so none drops out.
     files = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]["files"]
     assert {f.split("/")[0] for f in files} == {p.rstrip("/") for p in PATHS}, files
     _assert_clean(_run("mypy"))
