@@ -37,7 +37,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from palmyra_serve.cli import build_parser
 from palmyra_serve.engine.launcher import PLATFORMS, build_command
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics
+from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics, tenant_families
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ YAML_BLOCK = re.compile(
 COMPOSE_FIXED = {
     "host": "flag of the images' commands",
     "port": "flag of the sidecar image's command; PALMYRA_PORT is the published host port",
-    "probe_port": "the healthchecks' port, 8081",
+    "probe_port": "the healthchecks' and Prometheus' port, 8081",
     "engine_url": "the engine on the shared loopback",
     "engine_port": "flag of the engine's command",
     "engine_api_key": "required, set by the Compose file itself",
@@ -294,6 +294,7 @@ class Family(TypedDict):
     labels: dict[str, list[str]]
     help: str
     buckets: list[str]
+    client_port: bool  # False: the probe port's /metrics only (ClientView)
 
 
 def sidecar_metrics() -> list[Family]:
@@ -302,6 +303,7 @@ def sidecar_metrics() -> list[Family]:
     metrics.record_startup(dict.fromkeys(STARTUP_PHASES, 0.0))  # what the first start-up to ready creates
     metrics.bind_quota_store(lambda: 1.0)  # registered only where a shared quota store is configured
     wrappers = _instruments(metrics)
+    hidden = tenant_families(metrics.registry)  # the probe port's only (ClientView)
     families: list[Family] = []
     for family in metrics.registry.collect():
         labels: dict[str, list[str]] = {}
@@ -322,6 +324,7 @@ def sidecar_metrics() -> list[Family]:
                 "labels": labels,
                 "help": family.documentation,
                 "buckets": buckets,
+                "client_port": family.name not in hidden,
             }
         )
     # A family whose children are created lazily (requests by route and status) has no samples yet;
@@ -350,11 +353,11 @@ def label_text(labels: dict[str, list[str]]) -> str:
 
 
 def metrics_table() -> str:
-    rows = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    rows = ["| Metric | Type | Labels | Served on | Meaning |", "|---|---|---|---|---|"]
     for m in sidecar_metrics():
-        rows.append(
-            "| " + " | ".join(cell(c) for c in (f"`{m['name']}`", m["type"], label_text(m["labels"]), m["help"])) + " |"
-        )
+        where = "both ports" if m["client_port"] else "probe port only"
+        cells = (f"`{m['name']}`", m["type"], label_text(m["labels"]), where, m["help"])
+        rows.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
 

@@ -23,11 +23,15 @@ class Settings(BaseSettings):
 
     # --- where things are ---------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the sidecar (or engine, for `engine`) listens on.")
-    port: int = Field(8080, description="Sidecar port: clients, /health, /ready, /metrics.")
+    port: int = Field(
+        8080, description="Sidecar port: clients, /health, /ready, /metrics (without the per-tenant series)."
+    )
     probe_port: int = Field(
         0,
-        description="A second sidecar port serving only /health, /health/sidecar and /ready, with its own small "
-        "connection cap outside max_connections, for the kubelet's probes and Compose's healthcheck; 0: none.",
+        description="A second sidecar port, the operator's, never published: only /health, /health/sidecar, /ready "
+        "and the full /metrics (the per-tenant series included, which the client port leaves out), with its own "
+        "small connection cap outside max_connections, for the kubelet's probes, Compose's healthcheck and "
+        "Prometheus; 0: none (then no port shows the per-tenant series).",
     )
     engine_url: str = Field("http://127.0.0.1:8000", description="Where the sidecar reaches the engine.")
     engine_port: int = Field(8000, description="Port the engine listens on (internal only).")

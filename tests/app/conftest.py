@@ -39,8 +39,10 @@ def engine(log_dir: Path) -> Iterator[procs.Server]:
 
 @pytest.fixture
 def sidecar_factory(log_dir: Path):
-    def start(engine_url: str, wait_ready: bool = True, **env: str):
-        return procs.sidecar(engine_url, log_dir, extra_env={**FAST, **env}, wait_ready=wait_ready, timeout_s=30)
+    def start(engine_url: str, wait_ready: bool = True, probe: bool = False, **env: str):
+        return procs.sidecar(
+            engine_url, log_dir, extra_env={**FAST, **env}, wait_ready=wait_ready, timeout_s=30, probe=probe
+        )
 
     return start
 

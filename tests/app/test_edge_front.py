@@ -248,8 +248,8 @@ def test_connection_cap_refuses_cheaply(engine, sidecar_factory, client):
 
 def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, sidecar_factory, client):
     """The kubelet probes the probe port: with the client port's connections all held (the state in
-    which a liveness failure would restart a merely busy pod), the probes still answer, and the
-    probe port serves nothing else and has a cap of its own."""
+    which a liveness failure would restart a merely busy pod), the probes and Prometheus' /metrics
+    still answer, and the probe port serves nothing else and has a cap of its own."""
     probe_port = procs.free_port()
     with sidecar_factory(engine.url, PALMYRA_MAX_CONNECTIONS="4", PALMYRA_PROBE_PORT=str(probe_port)) as sc:
         held = [busy_connection(sc.port) for _ in range(4)]
@@ -259,13 +259,15 @@ def test_probes_keep_their_own_port_when_clients_hold_every_connection(engine, s
                 timeout_s=3,
                 what="the client port full: even /health refused there",
             )
-            for path in ("/health", "/health/sidecar", "/ready"):
+            for path in ("/health", "/health/sidecar", "/ready", "/metrics"):
                 resp = raw_exchange(probe_port, b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
                 assert status_of(resp) == 200, (path, resp[:300])
-            # Nothing but the probes: no relay, no metrics, no engine behind this port.
+            # Nothing but the probes and the sidecar's own metrics: no relay, no engine page, no API
+            # document behind this port.
             for request in (
                 b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
-                b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /engine/metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n",
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
             ):
                 resp = raw_exchange(probe_port, request)

@@ -9,13 +9,16 @@
 - With priority scheduling, the engine gets the tenant's priority, whatever the client sent.
 - Redis going away leaves each replica its share (palmyra_quota_store_up 0); coming back restores
   the shared limit.
-- The OpenAI SDK, unmodified, with a tenant key: its retry honours the 429's Retry-After."""
+- The OpenAI SDK, unmodified, with a tenant key: its retry honours the 429's Retry-After.
+- The per-tenant series are read on the probe port only: the client port's /metrics, which asks no
+  key, has every other series and none with a `tenant` label, with a probe port or without one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import re
 from pathlib import Path
 
 import httpx
@@ -96,7 +99,9 @@ def test_a_limited_tenant_gets_headers_429s_exact_stream_tokens_and_its_priority
     path = tenants_file(
         tmp_path, "    requests_per_minute: 4\n    tokens_per_minute: 100000\n    priority: -3\n", "    weight: 2\n"
     )
-    with sidecar_factory(engine.url, PALMYRA_TENANTS_FILE=str(path), PALMYRA_PRIORITY_SCHEDULING="true") as sc:
+    with sidecar_factory(
+        engine.url, probe=True, PALMYRA_TENANTS_FILE=str(path), PALMYRA_PRIORITY_SCHEDULING="true"
+    ) as sc:
         ok = client.post(
             f"{sc.url}/v1/completions",
             headers=auth(SEARCH_KEY),
@@ -121,8 +126,8 @@ def test_a_limited_tenant_gets_headers_429s_exact_stream_tokens_and_its_priority
         assert bodies["hello"]["priority"] == -3 and bodies["hi"]["priority"] == -3  # the tenant's, not the client's
         # The engine's usage, exactly: 3 + 5 and 3 + 6 prompt and completion tokens.
         tokens = 'palmyra_tenant_tokens_total{kind="%s",tenant="search"}'
-        assert metric_value(client, sc.url, tokens % "completion") == 11
-        assert metric_value(client, sc.url, tokens % "prompt") == 6
+        assert metric_value(client, sc.probe_url, tokens % "completion") == 11
+        assert metric_value(client, sc.probe_url, tokens % "prompt") == 6
         # A stream that asked for usage keeps it.
         with client.stream(
             "POST",
@@ -145,9 +150,9 @@ def test_a_limited_tenant_gets_headers_429s_exact_stream_tokens_and_its_priority
         other = client.post(f"{sc.url}/v1/completions", headers=auth(BATCH_KEY), json={"model": "m", "prompt": "x"})
         assert other.status_code == 200 and "x-ratelimit-limit-requests" not in other.headers
         refused = 'palmyra_tenant_refusals_total{reason="rate_limit_requests",tenant="search"}'
-        assert metric_value(client, sc.url, refused) == 1
-        assert metric_value(client, sc.url, 'palmyra_tenant_requests_total{status="429",tenant="search"}') == 1
-        assert metric_value(client, sc.url, 'palmyra_tenant_requests_total{status="200",tenant="batch"}') == 1
+        assert metric_value(client, sc.probe_url, refused) == 1
+        assert metric_value(client, sc.probe_url, 'palmyra_tenant_requests_total{status="429",tenant="search"}') == 1
+        assert metric_value(client, sc.probe_url, 'palmyra_tenant_requests_total{status="200",tenant="batch"}') == 1
 
         def logged_tenants() -> set[str]:
             lines = sc.log_path.read_text().splitlines()
@@ -199,7 +204,7 @@ def test_the_openai_sdk_with_a_tenant_key_retries_a_429_after_its_retry_after(
 ):
     path = tenants_file(tmp_path, "    max_concurrent: 1\n")
     client.post(f"{engine.url}/fake/control", json={"generate_delay": 1.5}).raise_for_status()
-    with sidecar_factory(engine.url, PALMYRA_TENANTS_FILE=str(path)) as sc:
+    with sidecar_factory(engine.url, probe=True, PALMYRA_TENANTS_FILE=str(path)) as sc:
         sdk = openai.OpenAI(base_url=f"{sc.url}/v1", api_key=SEARCH_KEY, max_retries=3)
         first = sdk.with_options(max_retries=0)
 
@@ -213,4 +218,69 @@ def test_the_openai_sdk_with_a_tenant_key_retries_a_429_after_its_retry_after(
         done = asyncio.run(both())
         assert all(c.choices[0].text for c in done)  # type: ignore[attr-defined]
         refusals = 'palmyra_tenant_refusals_total{reason="tenant_concurrency",tenant="search"}'
-        assert metric_value(client, sc.url, refusals) >= 1  # the SDK met the 429 and retried past it
+        assert metric_value(client, sc.probe_url, refusals) >= 1  # the SDK met the 429 and retried past it
+
+
+# A series with a `tenant` label, whatever the family; and the families of the per-tenant metrics.
+TENANT_SERIES = re.compile(r'^[a-z_:]+\{(?:[^}]*,)?tenant="', re.M)
+TENANT_FAMILIES = {
+    "palmyra_tenant_requests_total",
+    "palmyra_tenant_tokens_total",
+    "palmyra_tenant_refusals_total",
+    "palmyra_tenant_limit",
+}
+
+
+def _families(page: str) -> set[str]:
+    return {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_per_tenant_series_are_served_on_the_probe_port_only(engine, sidecar_factory, client: httpx.Client, tmp_path):
+    """The client port's /metrics answers anyone without a key (Prometheus sends none): it must not
+    tell who the tenants are, nor how much each asks for or is refused. The probe port, which no
+    client reaches in a deployment, serves the full page; a single-port sidecar leaves the series out
+    too (docs/metrics.md: set PALMYRA_PROBE_PORT to read them)."""
+    path = tenants_file(tmp_path, "    requests_per_minute: 1\n    max_concurrent: 2\n")
+
+    def traffic(url: str) -> None:
+        assert client.post(f"{url}/v1/completions", headers=auth(SEARCH_KEY), json=ANY).status_code == 200
+        assert client.post(f"{url}/v1/completions", headers=auth(SEARCH_KEY), json=ANY).status_code == 429
+        assert client.post(f"{url}/v1/completions", headers=auth(BATCH_KEY), json=ANY).status_code == 200
+
+    with sidecar_factory(engine.url, probe=True, PALMYRA_TENANTS_FILE=str(path)) as sc:
+        traffic(sc.url)
+        public = client.get(f"{sc.url}/metrics")
+        full = client.get(f"{sc.probe_url}/metrics")
+        assert public.status_code == full.status_code == 200
+        assert public.headers["content-type"] == full.headers["content-type"]
+        # Every tenant series on the probe port: each family, each tenant the traffic touched.
+        assert _families(full.text) >= TENANT_FAMILIES
+        for series in (
+            'palmyra_tenant_requests_total{status="200",tenant="search"} 1.0',
+            'palmyra_tenant_requests_total{status="429",tenant="search"} 1.0',
+            'palmyra_tenant_requests_total{status="200",tenant="batch"} 1.0',
+            'palmyra_tenant_refusals_total{reason="rate_limit_requests",tenant="search"} 1.0',
+            'palmyra_tenant_limit{limit="requests_per_minute",tenant="search"} 1.0',
+            'palmyra_tenant_tokens_total{kind="prompt",tenant="default"} 0.0',
+        ):
+            assert series in full.text.splitlines(), series
+        # None on the client port: no series with a `tenant` label, no tenant family at all (not
+        # even its HELP and TYPE lines), no tenant's name in a label.
+        assert not TENANT_SERIES.findall(public.text), TENANT_SERIES.findall(public.text)[:3]
+        assert "tenant=" not in public.text
+        assert not any(name in public.text for name in ('"search"', '"batch"', "palmyra_tenant_"))
+        # ... and everything else: the families differ by exactly the tenant ones, and the aggregates
+        # count the same traffic.
+        assert _families(full.text) - _families(public.text) == TENANT_FAMILIES
+        assert _families(public.text) <= _families(full.text)
+        for series in (
+            'palmyra_requests_total{route="completions",status="200"}',
+            'palmyra_rejections_total{reason="rate_limit_requests"}',
+        ):
+            assert metric_value(client, sc.url, series) == metric_value(client, sc.probe_url, series) >= 1
+    # One port only (`palmyra-serve up`'s layout): the client port leaves them out all the same.
+    with sidecar_factory(engine.url, PALMYRA_TENANTS_FILE=str(path)) as alone:
+        traffic(alone.url)
+        page = client.get(f"{alone.url}/metrics").text
+        assert "tenant=" not in page and "palmyra_tenant_" not in page
+        assert metric_value(client, alone.url, 'palmyra_rejections_total{reason="rate_limit_requests"}') == 1

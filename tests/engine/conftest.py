@@ -63,7 +63,8 @@ def engine_server(shared_engine: procs.RestartableEngine) -> procs.Server:
 
 @pytest.fixture(scope="session")
 def sidecar_server(engine_server: procs.Server, log_dir: Path) -> Iterator[procs.Server]:
-    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key) as server:
+    # With a probe port, as deployed: the full /metrics (per-tenant series) is read there.
+    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, probe=True) as server:
         yield server
 
 

@@ -28,7 +28,9 @@ def test_a_tenants_stream_without_usage_is_unchanged_and_counted_exactly(engine_
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(f"tenants:\n  - name: search\n    keys: ['{key_digest(KEY)}']\n    tokens_per_minute: 100000\n")
     env = {"PALMYRA_TENANTS_FILE": str(tenants)}
-    with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as sc:
+    with procs.sidecar(
+        engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env, probe=True
+    ) as sc:
         headers = {"Authorization": f"Bearer {KEY}"}
         plain = {"model": MODEL, "prompt": "Once upon", "max_tokens": 9, "temperature": 0}
         counted = HTTP.post(f"{sc.url}/v1/completions", json=plain, headers=headers, timeout=60)
@@ -43,8 +45,9 @@ def test_a_tenants_stream_without_usage_is_unchanged_and_counted_exactly(engine_
         chunks = [json.loads(e) for e in events[:-1]]
         assert chunks and all(c["choices"] and "usage" not in c for c in chunks), events[-3:]
         tokens = 'palmyra_tenant_tokens_total{kind="%s",tenant="search"}'
-        assert sidecar_metric(sc.url, tokens % "completion") == 2 * usage["completion_tokens"] == 18
-        assert sidecar_metric(sc.url, tokens % "prompt") == 2 * usage["prompt_tokens"]
+        # Per-tenant series: the probe port's page only.
+        assert sidecar_metric(sc.probe_url, tokens % "completion") == 2 * usage["completion_tokens"] == 18
+        assert sidecar_metric(sc.probe_url, tokens % "prompt") == 2 * usage["prompt_tokens"]
 
 
 WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)

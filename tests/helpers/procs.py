@@ -39,6 +39,12 @@ class Server:
     api_key: str | None = None
     port: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    probe_port: int = 0  # a sidecar's PALMYRA_PROBE_PORT: probes and the full /metrics; 0: none
+
+    @property
+    def probe_url(self) -> str:
+        assert self.probe_port, "started without a probe port (procs.sidecar(..., probe=True))"
+        return f"http://127.0.0.1:{self.probe_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -203,8 +209,11 @@ def sidecar(
     extra_env: dict[str, str] | None = None,
     wait_ready: bool = True,
     timeout_s: float = 300.0,
+    probe: bool = False,
 ) -> Iterator[Server]:
-    """The real sidecar process (uvicorn, real socket) in front of engine_url."""
+    """The real sidecar process (uvicorn, real socket) in front of engine_url; with `probe`, on a
+    probe port too, as deployed (Server.probe_port: the probes and the full /metrics page, per-tenant
+    series included). A PALMYRA_PROBE_PORT in extra_env does the same on that port."""
     port = free_port()
     # No load balancer follows this sidecar's /ready, so no propagation delay unless a test asks.
     # Auth fails closed: a test sidecar serves without keys only because it says so here; tests
@@ -216,8 +225,10 @@ def sidecar(
         "PALMYRA_DRAIN_PROPAGATION_S": "0",
         "PALMYRA_AUTH_DISABLED": "true",
         **({"PALMYRA_ENGINE_API_KEY": engine_api_key} if engine_api_key else {}),
+        **({"PALMYRA_PROBE_PORT": str(free_port())} if probe else {}),
         **(extra_env or {}),
     }
+    probe_port = int(env.get("PALMYRA_PROBE_PORT") or 0)
     log_path = log_dir / f"sidecar-{port}.log"
     proc = spawn([PALMYRA, "sidecar"], log_path, env)
     url = f"http://127.0.0.1:{port}"
@@ -225,7 +236,7 @@ def sidecar(
         wait_for(f"{url}/health/sidecar", proc, log_path, 30)
         if wait_ready:
             wait_for(f"{url}/ready", proc, log_path, timeout_s)
-        yield Server(url=url, proc=proc, log_path=log_path, port=port, env=env)
+        yield Server(url=url, proc=proc, log_path=log_path, port=port, env=env, probe_port=probe_port)
     finally:
         stop(proc)
 

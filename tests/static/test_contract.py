@@ -4,8 +4,9 @@ deliberate change shows up in review as a diff of the golden files in tests/data
 
 One golden file per aspect, each JSON with sorted keys and an indent of 2:
 
-- metrics.json     the Prometheus families of SidecarMetrics (name, type, label names, buckets, and
-                   the values of labels whose children are pre-created from a fixed vocabulary)
+- metrics.json     the Prometheus families of SidecarMetrics (name, type, label names, buckets, the
+                   values of labels whose children are pre-created from a fixed vocabulary, and
+                   whether the client port's /metrics shows it or only the probe port's)
 - errors.json      every error errors.py can build: status, OpenAI type and code, the headers it is
                    sent with; the code vocabularies; how an engine's error is reshaped
 - headers.json     response header names of the sidecar over a real socket, per kind of answer
@@ -53,6 +54,7 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.app import SidecarApp, create_app
 from palmyra_serve.sidecar.observability.access_log import LOGGER_NAME
+from palmyra_serve.sidecar.observability.metrics import tenant_families
 from tests.helpers import procs
 from tests.helpers.api import completion
 from tests.helpers.waiting import wait_until
@@ -141,6 +143,7 @@ def metrics_contract() -> dict[str, Any]:
         getattr(collector, "_name", None): list(getattr(collector, "_labelnames", ()))
         for collector in registry._collector_to_names
     }
+    hidden = tenant_families(registry)  # the probe port's page only
     out: dict[str, Any] = {}
     for family in registry.collect():
         values: dict[str, set[str]] = {}
@@ -156,6 +159,7 @@ def metrics_contract() -> dict[str, Any]:
             "type": family.type,
             "labels": label_names[family.name],
             "precreated_label_values": {label: sorted(v) for label, v in values.items()},
+            "client_port": family.name not in hidden,
         }
         if family.type == "histogram":
             entry["buckets"] = buckets  # the le values PromQL selects (le="2.0"), as exposed

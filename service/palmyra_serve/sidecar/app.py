@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
@@ -152,7 +152,7 @@ class SidecarApp:
         return self.relay.keys.check(auth)
 
 
-def _scope_server_port(scope: dict) -> int | None:
+def _scope_server_port(scope: Mapping[str, Any]) -> int | None:
     server = scope.get("server")
     return server[1] if server else None
 
@@ -233,9 +233,13 @@ def create_app(
         body["model"] = settings.served_model_name
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
-    @control.get("/metrics", summary="Prometheus metrics of the sidecar")
-    async def metrics_page() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    @control.get("/metrics", summary="Prometheus metrics of the sidecar (per-tenant series on the probe port only)")
+    async def metrics_page(request: Request) -> Response:
+        # No key: Prometheus sends none. So the client port, which anyone who may send a request
+        # reaches, leaves out every family with a `tenant` label (each tenant's name, traffic and
+        # refusals); the probe port, which is never published, serves the full page.
+        full = bool(settings.probe_port) and _scope_server_port(request.scope) == settings.probe_port
+        return Response(state.metrics.page(tenants=full), media_type=CONTENT_TYPE_LATEST)
 
     @control.get("/engine/metrics", summary="The engine's own Prometheus metrics, from a copy refreshed every 200 ms")
     async def engine_metrics_page() -> Response:

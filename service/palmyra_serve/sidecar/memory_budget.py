@@ -94,9 +94,11 @@ def connections(settings: Settings) -> int:
 
 
 def non_relaying(settings: Settings) -> int:
-    """Client connections not counted among the relays (fixed mode), each of which may be writing a
-    control page. The probe port's write only the probes' small answers (in the connection term)."""
-    return settings.max_connections - relays(settings)
+    """Connections not counted among the relays, each of which may be writing a control page: the
+    client connections beyond the relays (fixed mode), and every probe-port connection (it serves
+    /metrics, whole, as well as the probes' small answers)."""
+    probe = PROBE_MAX_CONNECTIONS if settings.probe_port else 0
+    return settings.max_connections - relays(settings) + probe
 
 
 def body_budget(settings: Settings) -> int:
@@ -137,7 +139,7 @@ def terms(settings: Settings) -> list[Term]:
             ACCOUNTING_BYTES,
         ),
         Term(
-            "control pages being written: connections beyond the relays x largest control page",
+            "control pages being written: connections beyond the relays (probe port's included) x largest control page",
             non_relaying(settings),
             CONTROL_PAGE_BYTES,
         ),

@@ -61,14 +61,16 @@ CONTROL_PATHS = frozenset(
 
 # The API document lists every relayed route: it is for callers, so it asks for their key (when
 # keys are on), like the routes it describes. Health, readiness and metrics stay open: probes and
-# scrapers send no key.
+# scrapers send no key (the client port's /metrics has no per-tenant series for that reason).
 KEYED_CONTROL_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
 assert KEYED_CONTROL_PATHS <= CONTROL_PATHS
 
-# All the probe port serves (settings.probe_port): the kubelet's probes (and Compose's healthcheck)
-# keep their own door, so clients holding every connection the main port allows cannot make a busy
-# replica look dead and get its containers restarted.
-PROBE_PATHS = frozenset({"/health", "/health/sidecar", "/ready"})
+# All the probe port serves (settings.probe_port), the operator's port, never published: the
+# kubelet's probes (and Compose's healthcheck) keep their own door, so clients holding every
+# connection the main port allows cannot make a busy replica look dead and get its containers
+# restarted; and Prometheus reads the full /metrics there, per-tenant series included, which the
+# client port's /metrics leaves out (observability/metrics.py, ClientView).
+PROBE_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics"})
 assert PROBE_PATHS <= CONTROL_PATHS
 
 GENERATION_ROUTES = frozenset(r.label for r in RELAYED.values() if r.generates)

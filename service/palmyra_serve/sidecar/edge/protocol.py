@@ -25,7 +25,7 @@ uvicorn (0.55) with httptools bounds none of these, and each was an attack on th
   never authenticated is answered with `Connection: close` (unless that very request
   authenticates), and an unauthenticated response must be written within write_timeout_s of
   its first stall, so anonymous peers hold nothing past their answer. Connections to the probe
-  port (settings.probe_port, which serves only the probes: app.py) are not counted there but
+  port (settings.probe_port, which serves only the probes and /metrics: app.py) are not counted there but
   against their own PROBE_MAX_CONNECTIONS, so clients holding every client connection cannot
   fail the kubelet's probes (and get the pod restarted).
 - A client that goes away: the relay hears it from connection_lost (DisconnectHook), not from a
@@ -61,7 +61,8 @@ from palmyra_serve.sidecar.routes import OTHER
 
 LINGER_S = 2.0
 # The kubelet opens one connection per probe and closes it; two containers' probes plus Compose's
-# healthcheck need a handful. Beyond this, a probe connection is refused like any other.
+# healthcheck need a handful, and each Prometheus scraping /metrics here keeps one open (an HA pair,
+# two). Beyond this, a probe connection is refused like any other.
 PROBE_MAX_CONNECTIONS = 16
 NOTSENT_LOWAT = 16 * 1024
 # A chunk-size line in hex (up to 16 digits), its CRLF and the CRLF after the data: framing that

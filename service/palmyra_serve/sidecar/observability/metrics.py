@@ -2,11 +2,16 @@
 
 Engine metrics stay on the engine's own /metrics; Prometheus scrapes both. Label values come from
 small fixed sets (routes.py's route labels, errors.py's codes), so cardinality cannot grow with traffic.
+
+Two views of one registry: the full page, served on the probe port (the operator's, never published),
+and the client port's, which leaves out every family with a `tenant` label (ClientView): the client
+port asks no key for /metrics, and which tenants exist and how much each asks for is not the
+business of whoever can reach it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,7 +19,10 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
+    generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from palmyra_serve import __version__
 from palmyra_serve.sidecar import errors
@@ -30,6 +38,9 @@ PHASES = ("waiting_for_engine", "warming_up", "ready", "not_ready", "draining")
 # The phases of a start-up to ready (lifecycle/warmup.py): their sum is the time to ready.
 STARTUP_PHASES = ("engine_up", "warmup")
 
+# The label that makes a family the operator's only (ClientView).
+TENANT_LABEL = "tenant"
+
 # LLM-sized buckets: a first token in milliseconds, a long generation in minutes.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -40,6 +51,7 @@ class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         disable_created_metrics()  # *_created series double the page and no dashboard reads them
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.client_view = ClientView(self.registry)
         r = self.registry
         self.requests = Counter(
             "palmyra_requests",
@@ -226,6 +238,11 @@ class SidecarMetrics:
         self._tenant_children: dict[tuple[str, int], Counter] = {}
         self._tenant_token_children: dict[tuple[str, str], Counter] = {}
 
+    def page(self, *, tenants: bool) -> bytes:
+        """The exposition page: every family (tenants=True, the probe port's), or the client port's
+        without the per-tenant families."""
+        return generate_latest(self.registry if tenants else self.client_view)
+
     def reject(self, code: str) -> None:
         """Count a refusal under its error code (codes come from errors.py's fixed constructors)."""
         self.rejections.labels(code).inc()
@@ -308,6 +325,39 @@ class SidecarMetrics:
         self.concurrency_limit.set_function(limit)
         self.concurrency_ceiling.set_function(ceiling)
         self.queue_max_wait.set_function(max_wait)
+
+
+class ClientView(Collector):
+    """The registry without every family that carries a `tenant` label, rendered by prometheus_client's
+    own exposition (generate_latest takes any collector). A family is left out whole (HELP and TYPE
+    too) when its collector declares the label, whether or not it has a series yet; a family of some
+    other collector is left out when any of its samples carries the label. Per scrape this costs a
+    pass over the collectors' label names and the samples the page renders anyway."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        hidden = tenant_families(self.registry)
+        for family in self.registry.collect():
+            if family.name in hidden or any(TENANT_LABEL in sample.labels for sample in family.samples):
+                continue
+            yield family
+
+
+def tenant_families(registry: CollectorRegistry) -> set[str]:
+    """The names of the families whose collector declares a `tenant` label. prometheus_client has no
+    public accessor for a collector's label names; _collector_to_names and _labelnames have been
+    stable across its releases (tests/static/test_contract.py reads them too), and a unit test
+    fails if they stop naming the tenant families."""
+    # list(): a snapshot, as registry.collect() takes one, should a collector register meanwhile.
+    collectors = list(registry._collector_to_names.items())
+    return {
+        name
+        for collector, names in collectors
+        if TENANT_LABEL in getattr(collector, "_labelnames", ())
+        for name in (*names, getattr(collector, "_name", ""))
+    }
 
 
 def _is_phase(current: Callable[[], str], phase: str) -> Callable[[], float]:
