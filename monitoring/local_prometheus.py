@@ -4,15 +4,18 @@
 For a local `palmyra-serve up` (no Compose, no Grafana) and for the tests that check the
 dashboards' queries and the alert rules against a real Prometheus:
 
-    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080 [--alertmanager 127.0.0.1:9093]
+    python3 monitoring/local_prometheus.py --sidecar 127.0.0.1:8080 [--probe 127.0.0.1:8081] \
+        [--alertmanager 127.0.0.1:9093]
     # prints the URL it listens on (a free loopback port); Ctrl-C stops it and deletes its storage
 
 The config is monitoring/prometheus/prometheus.yml with only the targets swapped (jobs without
 a target are dropped; the Alertmanager is the one given, or none) and the rule files made
 absolute, so the jobs, metric paths and rules exercised are the ones deployed. Each sidecar is
-the target of two jobs, as in Compose and Kubernetes: `palmyra-sidecar` (its /metrics) and
-`palmyra-engine` (the engine's own page, relayed unchanged at /engine/metrics; the engine itself
-listens on loopback and is never scraped directly). Standard library only; needs a `prometheus` binary on PATH.
+the target of two jobs, as in Compose and Kubernetes: `palmyra-sidecar` (its /metrics, from its
+probe port when `--probe` gives it, as deployed: the client port's page leaves out the
+per-tenant series) and `palmyra-engine` (the engine's own page, relayed unchanged at
+/engine/metrics on the client port; the engine itself listens on loopback and is never scraped
+directly). Standard library only; needs a `prometheus` binary on PATH.
 """
 
 from __future__ import annotations
@@ -42,19 +45,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape_targets(sidecars: list[str], npu_exporters: list[str] | None = None) -> dict[str, list[str]]:
-    """Job name -> targets for sidecars at host:port: each serves its own page and its engine's."""
-    targets = {
-        "palmyra-sidecar": list(sidecars),
+# A scrape target: its host:port, or (host:port, instance) where the series must carry another
+# `instance` than the address scraped.
+Target = str | tuple[str, str]
+
+
+def scrape_targets(
+    sidecars: list[str], npu_exporters: list[str] | None = None, probes: list[str] | None = None
+) -> dict[str, list[Target]]:
+    """Job name -> targets for sidecars at host:port (their client port), which relay their engine's
+    page. `probes` (host:port, one per sidecar, in the same order) are the same sidecars' probe
+    ports (PALMYRA_PROBE_PORT), where their full /metrics is; its series keep the sidecar's client
+    address as `instance`, as deployed (prometheus.yml), so both jobs name a replica alike. Without
+    them the sidecar job reads the client ports' page, every series but the per-tenant ones."""
+    if probes and len(probes) != len(sidecars):
+        raise ValueError(f"one probe port per sidecar: {len(sidecars)} sidecars, {len(probes)} probe ports")
+    own: list[Target] = list(zip(probes, sidecars, strict=True)) if probes else list(sidecars)
+    targets: dict[str, list[Target]] = {
+        "palmyra-sidecar": own,
         "palmyra-engine": list(sidecars),
         "npu-exporter": list(npu_exporters or []),
     }
     return {job: t for job, t in targets.items() if t}
 
 
+def static_configs(targets: list[Target]) -> list[dict]:
+    """Prometheus' static_configs for these targets: plain addresses together, each one with an
+    instance of its own in a config of its own (its `labels` set the instance)."""
+    plain = [t for t in targets if isinstance(t, str)]
+    configs: list[dict] = [{"targets": plain}] if plain else []
+    configs += [{"targets": [t[0]], "labels": {"instance": t[1]}} for t in targets if not isinstance(t, str)]
+    return configs
+
+
 def render_config(
     base: dict,
-    targets: dict[str, list[str]],
+    targets: dict[str, list[Target]],
     *,
     scrape_interval: str = "1s",
     extra_jobs: list[dict] | None = None,
@@ -62,7 +88,8 @@ def render_config(
     alertmanagers: list[str] | None = None,
     rule_files: list[Path] | None = None,
 ) -> dict:
-    """The deployed config with `targets` (job name -> host:port list) instead of Compose names.
+    """The deployed config with `targets` (job name -> host:port list; an entry may be (host:port,
+    instance)) instead of Compose names.
 
     `alertmanagers` (host:port list) replace the Compose service the deployed `alerting` block
     names; without them the block is dropped, since that name resolves nowhere here and Prometheus
@@ -81,7 +108,7 @@ def render_config(
     jobs = []
     for job in cfg["scrape_configs"] + list(extra_jobs or []):
         if job["job_name"] in targets:
-            job = dict(job, scrape_interval=scrape_interval, static_configs=[{"targets": targets[job["job_name"]]}])
+            job = dict(job, scrape_interval=scrape_interval, static_configs=static_configs(targets[job["job_name"]]))
             jobs.append(job)
     cfg["scrape_configs"] = jobs
     cfg["rule_files"] = [str(p) for p in (rule_files or sorted(RULES_DIR.glob("*.yml")))]
@@ -204,6 +231,13 @@ def main() -> int:
         default=[],
         help="host:port of a sidecar (repeatable); its engine is scraped through it",
     )
+    ap.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        help="host:port of a sidecar's probe port (repeatable, one per --sidecar, same order): its /metrics there, "
+        "with the per-tenant series, replaces the client port's",
+    )
     ap.add_argument("--npu-exporter", action="append", default=[], help="host:port of an npu-exporter")
     ap.add_argument(
         "--alertmanager",
@@ -219,7 +253,7 @@ def main() -> int:
     prom = LocalPrometheus(
         render_config(
             base,
-            scrape_targets(args.sidecar, args.npu_exporter),
+            scrape_targets(args.sidecar, args.npu_exporter, args.probe),
             scrape_interval=args.scrape_interval,
             alertmanagers=args.alertmanager,
         )

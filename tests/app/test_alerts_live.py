@@ -110,12 +110,13 @@ def test_engine_down_reaches_a_person_with_its_runbook_and_resolves(tmp_path: Pa
         am = stack.enter_context(alertmanager.LocalAlertmanager(config, am_exe))
 
         engine = stack.enter_context(procs.fake_engine(tmp_path, port=engine_port))
-        sidecar = stack.enter_context(sidecar_factory(engine.url))
+        sidecar = stack.enter_context(sidecar_factory(engine.url, probe=True))
         addr = f"127.0.0.1:{sidecar.port}"
         base = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text(encoding="utf-8"))
         cfg = local_prometheus.render_config(
             base,
-            local_prometheus.scrape_targets([addr]),
+            # As deployed: the sidecar's page from its probe port, under the client address.
+            local_prometheus.scrape_targets([addr], probes=[f"127.0.0.1:{sidecar.probe_port}"]),
             scrape_interval="1s",
             alertmanagers=[am.address],
             rule_files=[shortened_rules(tmp_path)],

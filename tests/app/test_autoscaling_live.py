@@ -95,7 +95,7 @@ def sidecar(module_log_dir: Path) -> Iterator[procs.Server]:
     }
     with (
         procs.fake_engine(module_log_dir) as engine,
-        procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30) as server,
+        procs.sidecar(engine.url, module_log_dir, extra_env=env, timeout_s=30, probe=True) as server,
     ):
         yield server
 
@@ -103,7 +103,9 @@ def sidecar(module_log_dir: Path) -> Iterator[procs.Server]:
 @pytest.fixture(scope="module")
 def prom(sidecar: procs.Server) -> Iterator[object]:
     base = yaml.safe_load((REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text(encoding="utf-8"))
-    cfg = local_prometheus.render_config(base, {JOB: [f"127.0.0.1:{sidecar.port}"]}, scrape_interval="1s")
+    # The sidecar job as deployed: its probe port's page, under the client address as `instance`.
+    targets = local_prometheus.scrape_targets([f"127.0.0.1:{sidecar.port}"], probes=[f"127.0.0.1:{sidecar.probe_port}"])
+    cfg = local_prometheus.render_config(base, {JOB: targets[JOB]}, scrape_interval="1s")
     with local_prometheus.LocalPrometheus(cfg) as p:
         wait_until(lambda: p.targets_up().get(JOB), 30, "the sidecar scraped")
         yield p

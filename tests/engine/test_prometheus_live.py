@@ -61,22 +61,22 @@ def _finite(prom, expr: str) -> list[float]:
 def dead_sidecar(log_dir):
     """A sidecar whose engine address answers nothing: its requests end in 5xx, its upstream
     errors count `connect`, it never turns ready."""
-    with procs.sidecar(f"http://127.0.0.1:{procs.free_port()}", log_dir, wait_ready=False) as server:
+    with procs.sidecar(f"http://127.0.0.1:{procs.free_port()}", log_dir, wait_ready=False, probe=True) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def live_prometheus(engine_server, sidecar_server, dead_sidecar):
     base = yaml.safe_load((MON / "prometheus" / "prometheus.yml").read_text(encoding="utf-8"))
-    cfg = local_prometheus.render_config(
-        base,
-        {
-            "palmyra-sidecar": [_hostport(sidecar_server.url), _hostport(dead_sidecar.url)],
-            # The engine's page through its sidecar (/engine/metrics), as every deployment scrapes it.
-            "palmyra-engine": [_hostport(sidecar_server.url)],
-        },
-        scrape_interval="1s",
+    # As deployed: each sidecar's own page from its probe port (the per-tenant series are only there),
+    # under its client address as `instance`; the engine's page through its sidecar's client port
+    # (/engine/metrics). The sidecar without an engine has no engine page to scrape.
+    sidecars = [sidecar_server, dead_sidecar]
+    targets = local_prometheus.scrape_targets(
+        [_hostport(s.url) for s in sidecars], probes=[f"127.0.0.1:{s.probe_port}" for s in sidecars]
     )
+    targets["palmyra-engine"] = [_hostport(sidecar_server.url)]
+    cfg = local_prometheus.render_config(base, targets, scrape_interval="1s")
     with local_prometheus.LocalPrometheus(cfg) as prom:
 
         def all_up():

@@ -369,7 +369,8 @@ def test_healthchecks_probe_paths_the_sidecar_serves(services: dict[str, Any]) -
     urls = {name: url for name, s in services.items() if (url := probe_url(s))}
     assert set(urls) == {"engine", "engine-cpu", "sidecar"}
     # The sidecar's probe port, as its environment sets it: apart from the client port, and
-    # published nowhere (busy clients cannot fail the healthchecks; only the probes are there).
+    # published nowhere (busy clients cannot fail the healthchecks; only the probes and the full
+    # /metrics, which Prometheus reads on the project network, are there).
     probe_port = int(env_of(services["sidecar"])["PALMYRA_PROBE_PORT"])
     assert probe_port != SIDECAR_PORT
     assert not any(str(probe_port) in str(p) for s in services.values() for p in s.get("ports", []))
@@ -640,21 +641,26 @@ def assert_prometheus_scrapes_through_the_sidecar(services: dict[str, Any], conf
         aliases = ((service.get("networks") or {}).get("default") or {}).get("aliases", [])
         for host in (name, *aliases):
             names.setdefault(host, set()).add(name)
-    # Who listens where: the sidecar's port is in the holder's namespace; the engine has no address.
-    ports = {HOLDER: SIDECAR_PORT, "npu-exporter": 8082}
+    # Who listens where: the sidecar's ports are in the holder's namespace (the client port, and the
+    # probe port as the sidecar's environment sets it); the engine has no address.
+    probe_port = int(env_of(services["sidecar"])["PALMYRA_PROBE_PORT"])
+    ports = {HOLDER: {SIDECAR_PORT, probe_port}, "npu-exporter": {8082}}
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     targets = [(name, t) for name, job in jobs.items() for sc in job.get("static_configs", []) for t in sc["targets"]]
     assert targets
     for job, target in targets:
         host, port = target.rsplit(":", 1)
         assert host in names, f"{target}: no service or alias {host}"
-        assert all(ports.get(s) == int(port) for s in names[host]), f"{job}: nothing listens on {target}"
-    # The engine's page comes from the sidecar, relayed unchanged at /engine/metrics.
+        assert all(int(port) in ports.get(s, set()) for s in names[host]), f"{job}: nothing listens on {target}"
+    # The engine's page comes from the sidecar, relayed unchanged at /engine/metrics on the client
+    # port; the sidecar's own page, with its per-tenant series, from the probe port, which only the
+    # project network reaches (the client port's /metrics leaves those series out).
     assert jobs["palmyra-engine"]["metrics_path"] == "/engine/metrics"
     assert jobs["palmyra-sidecar"].get("metrics_path", "/metrics") == "/metrics"
-    for job in ("palmyra-engine", "palmyra-sidecar"):
+    for job, port in (("palmyra-engine", SIDECAR_PORT), ("palmyra-sidecar", probe_port)):
         for sc in jobs[job]["static_configs"]:
             assert all(names[t.rsplit(":", 1)[0]] == {HOLDER} for t in sc["targets"]), job
+            assert all(int(t.rsplit(":", 1)[1]) == port for t in sc["targets"]), (job, sc["targets"])
 
 
 def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> None:
@@ -667,6 +673,11 @@ def test_prometheus_targets_are_compose_services(services: dict[str, Any]) -> No
         assert_prometheus_scrapes_through_the_sidecar(services, broken)
     engine_job["metrics_path"], engine_job["static_configs"] = "/engine/metrics", [{"targets": ["engine:8000"]}]
     with pytest.raises(AssertionError):  # no service answers there any more
+        assert_prometheus_scrapes_through_the_sidecar(services, broken)
+    broken = copy.deepcopy(config)
+    sidecar_job = next(j for j in broken["scrape_configs"] if j["job_name"] == "palmyra-sidecar")
+    sidecar_job["static_configs"] = [{"targets": [f"sidecar:{SIDECAR_PORT}"]}]
+    with pytest.raises(AssertionError):  # the client port's page has no per-tenant series
         assert_prometheus_scrapes_through_the_sidecar(services, broken)
     # Grafana's datasource reaches the prometheus service.
     datasource = yaml.safe_load((REPO / "monitoring/grafana/provisioning/datasources/prometheus.yml").read_text())

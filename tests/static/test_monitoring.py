@@ -241,13 +241,17 @@ def test_prometheus_config_jobs_rules_and_alertmanager():
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     targets = {name: j["static_configs"][0]["targets"] for name, j in jobs.items()}
     # The engine listens on loopback only: its page comes through the sidecar's /engine/metrics.
+    # The sidecar's own page from its probe port: the client port's leaves the per-tenant series out.
     assert targets == {
-        "palmyra-sidecar": ["sidecar:8080"],
+        "palmyra-sidecar": ["sidecar:8081"],
         "palmyra-engine": ["sidecar:8080"],
         "npu-exporter": ["npu-exporter:8082"],
     }
     paths = {name: j.get("metrics_path", "/metrics") for name, j in jobs.items()}
     assert paths == {"palmyra-sidecar": "/metrics", "palmyra-engine": "/engine/metrics", "npu-exporter": "/metrics"}
+    # One replica, one `instance` in both jobs (the Alertmanager groups and inhibits by it): the
+    # sidecar job's series carry the client address its engine job scrapes.
+    assert [sc.get("labels") for sc in jobs["palmyra-sidecar"]["static_configs"]] == [{"instance": "sidecar:8080"}]
     matched = [p for pattern in cfg["rule_files"] for p in PROM_DIR.glob(pattern)]
     assert matched == [RULES], "rule_files must be relative to the config and match the rules file"
     # No external labels: Prometheus attaches them to everything it sends anywhere (the runbook
@@ -582,6 +586,10 @@ def test_npu_unhealthy_alert_goes_pending_with_full_runbook_url(npu_prometheus):
 # A stand-in sidecar's two pages (one series each, in the exposition format the real ones use);
 # the same path against the real sidecar and vLLM is tests/engine/test_prometheus_live.py.
 SIDECAR_PAGE = b"# TYPE palmyra_ready gauge\npalmyra_ready 1\n"
+# The same sidecar's probe port: its full page, per-tenant series included.
+PROBE_PAGE = (
+    SIDECAR_PAGE + b'# TYPE palmyra_tenant_limit gauge\npalmyra_tenant_limit{limit="max_concurrent",tenant="a"} 2\n'
+)
 ENGINE_PAGE = (
     b'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0",model_name="palmyra-mini"} 3\n'
 )
@@ -589,16 +597,20 @@ ENGINE_JOB = re.compile(r'up\{job=~"([^"]*palmyra-engine)"\}')
 
 
 def test_local_prometheus_scrapes_the_engine_page_through_the_sidecar():
-    """The deployed config, with a sidecar's address filled in the way local_prometheus does it:
-    the engine job reads the sidecar's /engine/metrics, the sidecar job its /metrics, and the
-    engine-down alert's `up` selector watches the engine job."""
+    """The deployed config, with a sidecar's addresses filled in the way local_prometheus does it:
+    the engine job reads the client port's /engine/metrics, the sidecar job the probe port's
+    /metrics (the full page), both under the client address as `instance`, and the engine-down
+    alert's `up` selector watches the engine job."""
     assert shutil.which("prometheus"), "prometheus missing: install Debian's `prometheus` package"
     handler = type("Sidecar", (_Exporter,), {"pages": {"/metrics": SIDECAR_PAGE, "/engine/metrics": ENGINE_PAGE}})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    addr = f"127.0.0.1:{server.server_address[1]}"
+    probe_handler = type("Probe", (_Exporter,), {"pages": {"/metrics": PROBE_PAGE}})
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (handler, probe_handler)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    addr, probe = (f"127.0.0.1:{server.server_address[1]}" for server in servers)
     [engine_job] = set(ENGINE_JOB.findall(RULES.read_text(encoding="utf-8")))
-    cfg = local_prometheus.render_config(_yaml(PROM_DIR / "prometheus.yml"), local_prometheus.scrape_targets([addr]))
+    targets = local_prometheus.scrape_targets([addr], probes=[probe])
+    cfg = local_prometheus.render_config(_yaml(PROM_DIR / "prometheus.yml"), targets)
     try:
         with local_prometheus.LocalPrometheus(cfg) as prom:
             wait_until(
@@ -611,11 +623,16 @@ def test_local_prometheus_scrapes_the_engine_page_through_the_sidecar():
                 30,
                 "the engine's series under the engine job",
             )
+            wait_until(lambda: _values(prom, "palmyra_tenant_limit") == [2.0], 30, "the probe port's page")
             assert _values(prom, f'up{{job=~"{engine_job}", instance="{addr}"}}') == [1.0]
-            assert _values(prom, 'palmyra_ready{job="palmyra-sidecar"}') == [1.0]
+            # The probe port's page, under the replica's client address: one instance per replica.
+            assert _values(prom, f'palmyra_ready{{job="palmyra-sidecar", instance="{addr}"}}') == [1.0]
+            assert _values(prom, f'up{{job="palmyra-sidecar", instance="{addr}"}}') == [1.0]
+            assert _values(prom, f'{{instance="{probe}"}}') == []
             # Each job holds its own page only.
             assert _values(prom, '{__name__=~"vllm:.+", job="palmyra-sidecar"}') == []
             assert _values(prom, '{__name__=~"palmyra_.+", job="palmyra-engine"}') == []
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
