@@ -744,7 +744,7 @@ def test_an_example_overlay_customises_the_remote_base_without_editing_it(name, 
     scaled = one(objects, "ScaledObject")
     assert scaled["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prometheus-k8s.monitoring.svc:9090"
     assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
-    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= {o["kind"] for o in objects}
+    assert {"PodMonitor", "PrometheusRule"} <= {o["kind"] for o in objects}
 
 
 def test_the_remote_base_substitution_is_what_is_rendered() -> None:

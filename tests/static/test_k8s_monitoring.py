@@ -1,7 +1,8 @@
 """Monitoring and autoscaling objects of k8s/: the PrometheusRule is the Compose rules file,
 dashboards are the Compose dashboard files (the generator writes both copies; the k8s one lives
 inside the component's root so plain kustomize loads it), monitors scrape the ports and jobs the
-rules expect (both through the sidecar's port: the engine's metrics at /engine/metrics), exactly
+rules expect (the engine's metrics at /engine/metrics on the sidecar's client port, the sidecar's
+full page on its probe port, which only Prometheus is let into), exactly
 one autoscaler scales, on the sidecars' demand; the "never ready" alert waits out the largest
 startup-probe budget any overlay renders; the AlertmanagerConfig example validates against its CRD
 and routes as Compose's Alertmanager does."""
@@ -152,25 +153,31 @@ def test_dashboard_configmaps_carry_the_compose_json(overlay):
 
 ENGINE_METRICS_PATH = "/engine/metrics"  # where the sidecar relays the engine's page, unchanged
 NAMESPACE = "some-namespace"
+POD_IP = "10.1.2.3"
+ENGINE_MONITOR, SIDECAR_MONITOR = "palmyra-engine", "palmyra-sidecar"  # the two PodMonitors' names
+GO_GROUP = re.compile(r"\$\{(\w+)\}|\$(\w+)")  # $1 and ${1} in a Prometheus replacement
 
 
 def _relabel(labels: dict[str, str], relabelings: list[dict]) -> dict[str, str]:
-    """The operator's `replace` relabelings (the only action used here), applied as Prometheus does."""
+    """The operator's `replace` relabelings (the only action used here), applied as Prometheus does;
+    then `instance` defaults to the scraped address, as Prometheus sets it when no relabeling did."""
     labels = dict(labels)
     for r in relabelings:
         assert r.get("action", "replace") == "replace", f"this test models replace only: {r}"
         value = r.get("separator", ";").join(labels.get(name, "") for name in r.get("sourceLabels", []))
         match = re.fullmatch(r.get("regex", "(.*)"), value)
         if match:
-            labels[r["targetLabel"]] = match.expand(r.get("replacement", r"\1").replace("$", "\\"))
+            template = GO_GROUP.sub(lambda m: f"\\g<{m.group(1) or m.group(2)}>", r.get("replacement", "$1"))
+            labels[r["targetLabel"]] = match.expand(template)
+    labels.setdefault("instance", labels["__address__"])
     return labels
 
 
-def pod_monitor_target(objects: list[dict]) -> dict[str, str]:
-    """Labels and scrape address of the PodMonitor's one target in a pod, as the Prometheus operator
-    generates them (namespace, pod, container owning the named port, job "<ns>/<name>", endpoint;
-    then the monitor's own relabelings)."""
-    monitor = one(objects, "PodMonitor")
+def pod_monitor_target(objects: list[dict], name: str) -> dict[str, str]:
+    """Labels and scrape address of a PodMonitor's one target in a pod, as the Prometheus operator
+    generates them (namespace, pod, container owning the named port, job "<ns>/<name>", endpoint,
+    the address; then the monitor's own relabelings)."""
+    monitor = one(objects, "PodMonitor", name)
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     owners = [
         (c["name"], p["containerPort"])
@@ -186,42 +193,32 @@ def pod_monitor_target(objects: list[dict]) -> dict[str, str]:
         "container": owner,
         "job": f"{NAMESPACE}/{monitor['metadata']['name']}",
         "endpoint": endpoint["port"],
+        "__address__": f"{POD_IP}:{port}",
     }
     labels = _relabel(labels, endpoint.get("relabelings", []))
-    return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
-
-
-def service_monitor_target(objects: list[dict]) -> dict[str, str]:
-    monitor = one(objects, "ServiceMonitor")
-    service = one(objects, "Service", "palmyra-serve")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    [endpoint] = monitor["spec"]["endpoints"]
-    [svc_port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-    target = svc_port["targetPort"]
-    ports = {
-        p["name"]: (c["name"], p["containerPort"]) for c in pod_spec(objects)["containers"] for p in c.get("ports", [])
-    }
-    owner, port = ports[target] if isinstance(target, str) else next(v for v in ports.values() if v[1] == target)
-    labels = {
-        "namespace": NAMESPACE,
-        "pod": "palmyra-serve-7d9f8b6c5-x2x4q",
-        "container": owner,
-        "job": service["metadata"]["name"],
-        "endpoint": endpoint["port"],
-    }
-    labels = _relabel(labels, endpoint.get("relabelings", []))
+    del labels["__address__"]
     return {**labels, "__port__": str(port), "__owner__": owner, "__path__": endpoint.get("path", "/metrics")}
 
 
 def assert_monitors_scrape_through_the_sidecar(objects: list[dict], rules: dict, keda_query: str | None) -> None:
     spec = pod_spec(objects)
-    sidecar_listen = sidecar_listens(spec).port
-    engine_target, sidecar_target = pod_monitor_target(objects), service_monitor_target(objects)
-    # Both through the port the sidecar listens on: the engine has none outside its loopback.
-    for target in (engine_target, sidecar_target):
-        assert target["__owner__"] == "sidecar" and int(target["__port__"]) == sidecar_listen, target
+    listens = sidecar_listens(spec)
+    engine_target = pod_monitor_target(objects, ENGINE_MONITOR)
+    sidecar_target = pod_monitor_target(objects, SIDECAR_MONITOR)
+    # Both through the sidecar: the engine has no port outside its loopback. The engine's page on
+    # the client port; the sidecar's own on the probe port, the only page with the per-tenant
+    # series (the client port's /metrics leaves them out).
+    assert engine_target["__owner__"] == sidecar_target["__owner__"] == "sidecar"
+    assert int(engine_target["__port__"]) == listens.port, engine_target
+    assert listens.probe_port and int(sidecar_target["__port__"]) == listens.probe_port, sidecar_target
     assert engine_target["__path__"] == ENGINE_METRICS_PATH
     assert sidecar_target["__path__"] == "/metrics"
+    # One replica, one `instance` in both jobs (the Alertmanager groups and inhibits by it): the
+    # client address, the one the engine's page is scraped at.
+    assert sidecar_target["instance"] == engine_target["instance"] == f"{POD_IP}:{listens.port}", (
+        sidecar_target,
+        engine_target,
+    )
     # The engine's series are labelled as the engine's, under the jobs the shared rules watch.
     assert engine_target["container"] == "engine", engine_target
     matchers = {
@@ -260,10 +257,19 @@ def test_monitor_check_can_fail():
     rules = _rules()
     assert_monitors_scrape_through_the_sidecar(good, rules, _keda_query(good))
 
-    def endpoint(objects):
-        return one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
+    def endpoint(objects, name=ENGINE_MONITOR):
+        return one(objects, "PodMonitor", name)["spec"]["podMetricsEndpoints"][0]
 
     faults = {
+        "the sidecar's page from the client port (no per-tenant series there)": lambda o: endpoint(
+            o, SIDECAR_MONITOR
+        ).__setitem__("port", "http"),
+        "the sidecar's series under the probe port's address (another instance than the engine's)": lambda o: endpoint(
+            o, SIDECAR_MONITOR
+        ).__setitem__("relabelings", endpoint(o, SIDECAR_MONITOR)["relabelings"][:1]),
+        "a sidecar job the rules and autoscalers do not watch": lambda o: endpoint(o, SIDECAR_MONITOR).__setitem__(
+            "relabelings", endpoint(o, SIDECAR_MONITOR)["relabelings"][1:]
+        ),
         "the engine's own /metrics path": lambda o: endpoint(o).__setitem__("path", "/metrics"),
         "no container relabeling (the engine's series labelled as the sidecar's)": lambda o: endpoint(o).__setitem__(
             "relabelings", []
@@ -287,6 +293,60 @@ def test_monitor_check_can_fail():
         assert_monitors_scrape_through_the_sidecar(
             objects, rules, query.replace('job="palmyra-sidecar"', 'job="palmyra-engine"')
         )
+
+
+def assert_only_prometheus_reaches_the_probe_port(objects: list[dict]) -> None:
+    """The policies selecting the replicas admit the probe port (the sidecar's full /metrics, every
+    tenant's series; a small connection cap shared with the kubelet's probes) to selected pods only,
+    never from anywhere or from a whole namespace, and that is the port the sidecar PodMonitor
+    scrapes. (The kubelet's probes come from the node, which NetworkPolicy always admits.)"""
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    probe_port = sidecar_listens(pod_spec(objects)).probe_port
+    assert probe_port and int(pod_monitor_target(objects, SIDECAR_MONITOR)["__port__"]) == probe_port
+    rules = [
+        rule
+        for policy in objects
+        if policy["kind"] == "NetworkPolicy"
+        and policy["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+        and "Ingress" in policy["spec"].get("policyTypes", ["Ingress"])
+        for rule in policy["spec"].get("ingress", [])
+    ]
+    admitting = [r for r in rules if not r.get("ports") or probe_port in {p["port"] for p in r["ports"]}]
+    assert admitting, f"nothing may reach port {probe_port}: Prometheus cannot scrape the sidecar"
+    for rule in admitting:
+        assert rule.get("ports"), f"a rule without ports opens the probe port too: {rule}"
+        assert rule.get("from"), f"the probe port from anywhere: {rule}"
+        for peer in rule["from"]:
+            assert peer.get("podSelector", {}).get("matchLabels"), f"a whole namespace or range admitted: {peer}"
+
+
+@pytest.mark.parametrize("overlay", MONITORED)
+def test_only_prometheus_reaches_the_probe_port(overlay):
+    assert_only_prometheus_reaches_the_probe_port(render(overlay, OPT_IN))
+
+
+def test_probe_port_policy_check_can_fail():
+    good = render("ascend-cce", OPT_IN)
+    assert_only_prometheus_reaches_the_probe_port(good)
+
+    def rule(objects):
+        return one(objects, "NetworkPolicy", "palmyra-serve-metrics")["spec"]["ingress"][0]
+
+    faults = {
+        "no policy for Prometheus": lambda o: o.remove(one(o, "NetworkPolicy", "palmyra-serve-metrics")),
+        "from anywhere": lambda o: rule(o).pop("from"),
+        "from every pod of a namespace": lambda o: rule(o)["from"][0].pop("podSelector"),
+        "every port of the pod": lambda o: rule(o).pop("ports"),
+        "the base policy opens it to all": lambda o: one(o, "NetworkPolicy", "palmyra-serve")["spec"]["ingress"][0][
+            "ports"
+        ].append({"port": 8081, "protocol": "TCP"}),
+    }
+    for what, fault in faults.items():
+        objects = copy.deepcopy(good)
+        fault(objects)
+        with pytest.raises(AssertionError):
+            assert_only_prometheus_reaches_the_probe_port(objects)
+        print(f"caught: {what}")
 
 
 # --- autoscaling ---------------------------------------------------------------------------
@@ -326,7 +386,7 @@ def test_every_overlay_applies_with_core_apis_alone_and_the_opt_ins_add_their_ki
         assert groups <= CORE_API_GROUPS, (overlay, groups - CORE_API_GROUPS)
     for overlay in MONITORED:
         kinds = {o["kind"] for o in render(overlay, OPT_IN)}
-        assert {"ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds, overlay
+        assert {"ScaledObject", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds, overlay
 
 
 # --- alerts against the manifests ----------------------------------------------------------------
