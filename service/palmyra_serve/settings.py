@@ -83,6 +83,24 @@ class Settings(BaseSettings):
     )
     cpu_kvcache_gib: int = Field(4, description="CPU engine KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     engine_extra_args: str = Field("", description="Extra vLLM server arguments, appended verbatim (shell-split).")
+    tool_call_parser: str = Field(
+        "hermes",
+        description="vLLM's tool-call parser (--enable-auto-tool-choice --tool-call-parser): hermes reads the "
+        "<tool_call> JSON blocks Qwen2's chat template asks the model for; empty: no tool calling (vLLM refuses "
+        "every request with tools).",
+    )
+    structured_outputs_backend: str = Field(
+        "xgrammar",
+        description="vLLM's structured-output backend (--structured-outputs-config.backend): xgrammar, the one "
+        "the sidecar's structured-output bounds are measured on; vLLM's own default, auto, may pick another per "
+        "request.",
+    )
+    structured_outputs_compact: bool = Field(
+        True,
+        description="Structured JSON without whitespace between tokens (--structured-outputs-config."
+        "disable_any_whitespace): a small model otherwise fills a schema's whitespace until max_tokens runs out; "
+        "xgrammar and guidance only.",
+    )
 
     # --- sidecar: upstream ----------------------------------------------------------------
     connect_timeout_s: float = Field(5.0, description="Connecting to the engine; refused or slower is 503.")

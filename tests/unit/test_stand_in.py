@@ -72,3 +72,25 @@ def test_weights_are_seeded_bf16_with_random_biases(tiny, tmp_path):
     assert a[name].equal(b[name]) and not a[name].equal(c[name])
     assert a["model.layers.0.self_attn.k_proj.bias"].abs().sum() > 0
     assert not a["lm_head.weight"].equal(a["model.embed_tokens.weight"])  # untied
+
+
+def test_the_chat_template_renders_tools_as_qwen25s_does(tiny):
+    """Tools described inside <tools></tools> in the system turn, calls in <tool_call> JSON blocks
+    (what vLLM's hermes parser reads back), results in a user turn's <tool_response>; a prompt
+    without tools is exactly the plain ChatML one (the test above)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    called = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert f"<|im_start|>assistant\n<tool_call>\n{called}\n</tool_call>" in text
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    assert tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]) == [151657, 151658]  # Qwen2.5's ids

@@ -110,6 +110,14 @@ def build_command(settings: Settings, model_path: str, platform: str) -> EngineC
         env["VLLM_USE_AOT_COMPILE"] = os.environ.get("VLLM_USE_AOT_COMPILE", "0")
         # vLLM's CPU default (one core left to its API server) measured faster here than binding all
         # cores; only an explicit VLLM_CPU_OMP_THREADS_BIND from the operator overrides it.
+    if settings.tool_call_parser:
+        # Without a parser vLLM refuses every request that carries tools, a named tool_choice included.
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings.tool_call_parser]
+    # The backend the sidecar's structured-output bounds were measured on (policy/structured.py),
+    # and JSON without free whitespace, which a small model would otherwise fill until max_tokens.
+    argv += ["--structured-outputs-config.backend", settings.structured_outputs_backend]
+    if settings.structured_outputs_compact:
+        argv += ["--structured-outputs-config.disable_any_whitespace", "true"]
     if settings.priority_scheduling:
         # The sidecar sets each generation's priority to its tenant's; vLLM's default policy (fcfs)
         # would accept the field and ignore it.

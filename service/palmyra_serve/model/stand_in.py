@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "palmyra_stand_in.json"
-BUILDER_VERSION = 3  # 3: tokenizer_config names Qwen2Tokenizer (transformers 4.x loads it)
+BUILDER_VERSION = 4  # 4: the chat template renders tools as Qwen2.5's does (3: tokenizer_config names Qwen2Tokenizer)
 SHARD_BYTES = 2 * 1024**3
 INIT_STD = 0.02
 
