@@ -50,6 +50,9 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("PALMYRA_API_KEY=KEY palmyra-serve validate --quick", "does the endpoint serve the model?"),
         ("palmyra-serve validate --model-dir models/palmyra-mini --out out/", "accuracy against fp32"),
     ],
+    "golden": [
+        ("palmyra-serve golden --model-dir models/palmyra-mini --out golden.json", "record the fp32 reference"),
+    ],
     "bench": [
         ("PALMYRA_API_KEY=KEY palmyra-serve bench --out out/", "latency and throughput tables, with plots"),
         ("palmyra-serve bench --compare a/results.json b/results.json", "two runs side by side"),
@@ -229,7 +232,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def _tool(module: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
-    """validate and bench live in palmyra_serve.tools; imported only when used."""
+    """validate, golden and bench live in palmyra_serve.tools; imported only when used."""
 
     def add(p: argparse.ArgumentParser) -> None:
         importlib.import_module(f"palmyra_serve.tools.{module}").add_arguments(p)
@@ -384,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
             "Greedy tokens from the endpoint compared with the same checkpoint in fp32 on this machine; "
             "--quick only checks that it lists the model and generates. The key: --api-key-file, "
             "PALMYRA_API_KEY or OPENAI_API_KEY.",
+        ),
+        (
+            "golden",
+            "record a checkpoint's fp32 golden reference",
+            "Greedy tokens and top-k log-probabilities of 22 varied prompts, from the checkpoint in fp32 "
+            "with Transformers on this machine, with the weights' and tokenizer's digests: what a replica's "
+            "own tokens are compared with.",
         ),
         (
             "bench",

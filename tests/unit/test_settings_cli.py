@@ -10,7 +10,7 @@ import pytest
 from palmyra_serve.cli import _settings, build_parser
 from palmyra_serve.settings import Settings, split_keys
 
-SUBCOMMANDS = ("up", "engine", "sidecar", "tenants", "make-model", "fetch-model", "validate", "bench")
+SUBCOMMANDS = ("up", "engine", "sidecar", "tenants", "make-model", "fetch-model", "validate", "golden", "bench")
 
 
 def test_env_prefix_and_defaults(monkeypatch):
@@ -86,7 +86,7 @@ def test_every_command_says_what_it_does_with_examples_and_names_each_flags_vari
         assert (
             command.epilog and command.epilog.startswith("examples:\n  ") and f"palmyra-serve {name}" in command.epilog
         ), name
-        if name in ("validate", "bench"):  # clients of an endpoint: their flags are not settings
+        if name in ("validate", "golden", "bench"):  # tools: their flags are not settings
             continue
         for action in command._actions:
             if action.dest not in Settings.model_fields:

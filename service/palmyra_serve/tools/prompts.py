@@ -24,6 +24,29 @@ VALIDATE_PROMPTS: list[tuple[str, str]] = [
     ),
 ]
 
+# The golden reference's prompt set (tools/golden.py): the five above and seventeen more, of other
+# lengths, languages and kinds, so that agreement is measured in steps of under 5%, not 20%.
+GOLDEN_PROMPTS: list[tuple[str, str]] = [
+    *VALIDATE_PROMPTS,
+    ("short", "Hello"),
+    ("question", "Why is the sky blue?"),
+    ("list", "Three fruits that are red:"),
+    ("french", "La tour Eiffel se trouve à"),
+    ("german", "Die Hauptstadt von Deutschland ist"),
+    ("spanish", "El océano más grande del mundo es"),
+    ("japanese", "日本の首都はどこですか？"),
+    ("russian", "Столица России —"),
+    ("arabic", "عاصمة مصر هي"),
+    ("chinese-long", "人工智能的发展经历了多个阶段，从早期的符号推理到今天的大规模神经网络。请简要说明"),
+    ("sql", "SELECT name, COUNT(*) FROM orders GROUP BY"),
+    ("json", '{"model": "palmyra-mini", "messages": [{"role": "user", "content": "'),
+    ("math", "The derivative of x^3 + 2x is"),
+    ("rust", "fn main() {\n    let v: Vec<i32> = (1..=10).collect();\n    println!("),
+    ("shell", "#!/usr/bin/env bash\nset -euo pipefail\nfor f in *.log; do"),
+    ("digits", "1, 1, 2, 3, 5, 8, 13, 21,"),
+    ("chat", "<|im_start|>user\nName a prime number.<|im_end|>\n<|im_start|>assistant\n"),
+]
+
 QUICK_PROMPT = "What is 2+2?"
 
 # Qwen2's byte-level BPE ranks are ids 0..151642; special tokens start at 151643. Random prompts

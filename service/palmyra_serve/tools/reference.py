@@ -67,6 +67,13 @@ class GreedyPath:
         vals, idx = torch.topk(self._logits[pos], 2)
         return int(idx[0]), float(vals[0]), int(idx[1]), float(vals[1])
 
+    def top_logprobs(self, pos: int, k: int) -> list[tuple[int, float]]:
+        """The k most likely tokens at `pos` with their log-probabilities (fp32 log-softmax)."""
+        import torch
+
+        vals, idx = torch.topk(torch.log_softmax(self._logits[pos], dim=-1), k)
+        return [(int(i), float(v)) for i, v in zip(idx, vals, strict=True)]
+
     def margins(self) -> list[float]:
         """Top-1 minus top-2 logit at every position, in units of that position's logit std."""
         out = []
