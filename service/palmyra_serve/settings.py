@@ -309,6 +309,25 @@ class Settings(BaseSettings):
     canary_interval_s: float = Field(15.0, description="Idle seconds between one-token canary generations.")
     canary_timeout_s: float = Field(10.0, description="A canary slower than this counts as failed.")
     canary_failures_to_unready: int = Field(2, description="Consecutive canary failures that flip /ready to 503.")
+    golden_file: Path | None = Field(
+        None,
+        description="The checkpoint's fp32 golden reference (`palmyra-serve golden`): its prompts are replayed "
+        "greedily before the replica first reports ready and every PALMYRA_GOLDEN_INTERVAL_S after, and a "
+        "token that differs where the reference is not near a tie is output drift.",
+    )
+    golden_interval_s: float = Field(
+        300.0, gt=0, description="Seconds between two replays of the golden prompts while ready."
+    )
+    golden_tolerance: float = Field(
+        1.0,
+        ge=0,
+        description="Top-2 log-probability margin (nats) of the reference under which a different token is a "
+        "near-tie, not drift: bf16 against fp32 moves log-probabilities by less (docs/validate-and-bench.md).",
+    )
+    golden_action: Literal["unready", "report"] = Field(
+        "unready",
+        description="On output drift: unready (/ready 503, reason output_drift) or report (metrics and log only).",
+    )
     drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight requests may take to finish.")
     # 10 s: Kubernetes drops a terminating pod from EndpointSlices within about a second, but every
     # kube-proxy (iptables/IPVS resync) and gateway (Envoy EDS, ingress controllers) applies that on

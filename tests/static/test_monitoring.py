@@ -36,6 +36,7 @@ EXPECTED_ALERTS = {
     "PalmyraReplicaNeverReady",
     "PalmyraReplicaLostReadiness",
     "PalmyraStandInWeights",
+    "PalmyraOutputDrift",
     "PalmyraEngineDown",
     "PalmyraWarmupFailing",
     "PalmyraTTFTHigh",

@@ -27,6 +27,7 @@ from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, build_admission, learn_ceiling
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.lifecycle.drain import DrainState
+from palmyra_serve.sidecar.lifecycle.golden import GoldenReference
 from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
@@ -80,6 +81,8 @@ class SidecarState:
         metrics.show_tenants(keys.tenants)
         self.relay = Relay(settings, metrics, self.admission, keys, self.health, self.quotas)
         metrics.bodies_arriving.set_function(self.relay.uploads_arriving)
+        # GoldenFileError: serve() refuses to start, naming the file (lifecycle/golden.py).
+        self.golden = GoldenReference.load(settings.golden_file) if settings.golden_file else None
         self.session: aiohttp.ClientSession | None = None
         self.engine_metrics: EngineMetricsCache | None = None  # set by the lifespan, with the session
 
@@ -187,7 +190,9 @@ def create_app(
         )
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
-            asyncio.create_task(Supervisor(settings, state.health, engine, state.metrics).run()),
+            asyncio.create_task(
+                Supervisor(settings, state.health, engine, state.metrics, reference=state.golden).run()
+            ),
             asyncio.create_task(read_engine_capacity(state, engine, settings.health_poll_interval_s)),
         ]
         if state.quotas.remote is not None:

@@ -22,6 +22,7 @@ import uvicorn
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
 from palmyra_serve.sidecar.edge.protocol import bounded_protocol
+from palmyra_serve.sidecar.lifecycle.golden import GoldenFileError
 from palmyra_serve.sidecar.relay.auth import AuthConfigError
 from palmyra_serve.sidecar.tenants.config import TenantsFileError
 
@@ -67,7 +68,7 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: Settings) -> None:
     try:
         app = create_app(settings)
-    except (AuthConfigError, TenantsFileError) as exc:
+    except (AuthConfigError, TenantsFileError, GoldenFileError) as exc:
         # Fail closed, and say why in one line rather than a traceback.
         log.error("refusing to start: %s", exc)
         raise SystemExit(2) from None

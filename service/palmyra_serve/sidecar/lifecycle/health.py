@@ -57,6 +57,10 @@ class HealthState:
         self.relay_failure: str | None = None  # what the relay last saw fail, until a later poll
         self.relay_failure_at = 0.0
         self.sidecar_faults_in_row = 0  # reset by every request the relay completes
+        # The golden check's last summary (lifecycle/golden.py; None without PALMYRA_GOLDEN_FILE), and
+        # whether its drift takes readiness away (PALMYRA_GOLDEN_ACTION=unready).
+        self.output: dict | None = None
+        self.output_drift = False
         self.sidecar_fault_at = 0.0
         metrics.bind_phase(lambda: self.readiness()[1]["phase"])
         # Judged at scrape time: a hang becomes visible as time passes, with no event to publish it.
@@ -135,6 +139,7 @@ class HealthState:
             and self.engine_status == "ok"
             and self.relay_failure is None
             and not sidecar_failing
+            and not self.output_drift
         )
         # The phase a reader sees agrees with the verdict: warmed up, but not ready now (the engine
         # stopped answering, a stream was cut) reads "not_ready", never "ready" beside false.
@@ -150,6 +155,8 @@ class HealthState:
             "warmup_seconds": self.warmup_seconds,
             "startup_seconds": self.startup_seconds,
         }
+        if self.output is not None:
+            body["output"] = self.output
         return ready, body
 
 

@@ -5,6 +5,12 @@ replica turns ready only after real generations went through the engine: short a
 completions and chat, streaming and not, and a concurrent burst (the first shapes also pay the
 compile/cold-start cost, so the first client request does not). While idle, a one-token canary
 runs every few seconds; repeated failures take readiness away and warmup starts over.
+
+With a golden reference (PALMYRA_GOLDEN_FILE, lifecycle/golden.py) the replica must also compute
+the right tokens: the reference's prompts are replayed after warmup, before the first ready, and
+every PALMYRA_GOLDEN_INTERVAL_S while ready. Drift keeps or takes readiness away (reason
+`output_drift`, the prompts named) until a replay agrees again; PALMYRA_GOLDEN_ACTION=report only
+counts and logs it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.lifecycle import golden
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.upstream.control import EngineClient, GenerationResult
@@ -84,6 +91,7 @@ class Supervisor:
         engine: EngineClient,
         metrics: SidecarMetrics,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        reference: golden.GoldenReference | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -91,6 +99,7 @@ class Supervisor:
         self.metrics = metrics
         self.sleep = sleep
         self.request_timeout_s = settings.warmup_request_timeout_s
+        self.golden = reference  # loaded at start (app.py): an unusable file stops the start
 
     async def run(self) -> None:
         backoff = 1.0
@@ -160,6 +169,8 @@ class Supervisor:
             failed = next((r for r in results if not r.ok), None)
             if not self._step_ok(f"burst of {burst}", failed or results[0]):
                 return False
+        if self.golden is not None and not await self._golden_until_agreed():
+            return False
         took = time.monotonic() - t0
         self.state.warmup_seconds = round(took, 3)
         self.metrics.warmup_duration.set(took)
@@ -184,15 +195,58 @@ class Supervisor:
         log.warning("warmup step failed", extra={"fields": {"step": name, "error": result.error}})
         return False
 
+    async def _golden_check(self) -> bool:
+        """One replay of the golden prompts; False when it found drift that takes readiness away."""
+        assert self.golden is not None
+        result = await golden.check(
+            self.engine, self.settings.served_model_name, self.golden, self.settings.golden_tolerance
+        )
+        self.metrics.golden_checks.labels(result.verdict).inc()
+        if result.agreement is not None:
+            self.metrics.golden_agreement.set(result.agreement)
+        self.state.output = result.summary()
+        if result.verdict == "error":
+            # Says nothing about the numbers: readiness is the other checks' to judge.
+            log.warning("golden check could not run", extra={"fields": {"error": result.error}})
+            return True
+        drifted = result.verdict == "drift"
+        self.metrics.golden_drift.set(1 if drifted else 0)
+        if not drifted:
+            self.state.output_drift = False
+            return True
+        log.error("output drift", extra={"fields": self.state.output})
+        if self.settings.golden_action != "unready":
+            return True
+        self.state.output_drift = True
+        self.state.set_phase("not_ready", error=f"output_drift: {', '.join(result.failed[:5])}")
+        return False
+
+    async def _golden_until_agreed(self) -> bool:
+        """Before the first ready: replay until the reference agrees (drift rechecked with backoff, up
+        to the golden interval); False when the engine went away meanwhile."""
+        backoff = 1.0
+        while not await self._golden_check():
+            await self.sleep(backoff)
+            backoff = min(backoff * 2, self.settings.golden_interval_s)
+            if self.state.engine_status != "ok":
+                return False
+        return True
+
     async def _watch(self) -> None:
-        """Return when readiness must be earned again: engine down, or the canary failing repeatedly."""
+        """Return when readiness must be earned again: engine down, the canary failing repeatedly,
+        or the golden check finding drift."""
         failures = 0
         tick = min(1.0, self.settings.canary_interval_s)
+        next_golden = time.monotonic() + self.settings.golden_interval_s
         while True:
             await self.sleep(tick)
             if self.state.engine_status != "ok":
                 self.state.set_phase("waiting_for_engine", error=f"engine /health: {self.state.engine_status}")
                 return
+            if self.golden is not None and time.monotonic() >= next_golden:
+                next_golden = time.monotonic() + self.settings.golden_interval_s
+                if not await self._golden_check():
+                    return
             last = self.state.last_generation_ok
             if last is not None and time.monotonic() - last < self.settings.canary_interval_s:
                 failures = 0  # real traffic succeeded recently: no canary needed

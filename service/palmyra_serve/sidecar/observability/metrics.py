@@ -175,6 +175,22 @@ class SidecarMetrics:
         self.stand_in = Gauge(
             "palmyra_stand_in_weights", "1 when the engine serves random stand-in weights.", registry=r
         )
+        # The golden check (lifecycle/golden.py), only with PALMYRA_GOLDEN_FILE: replays of the
+        # reference's prompts by verdict, and what the last one found.
+        self.golden_checks = Counter(
+            "palmyra_golden_checks",
+            "Replays of the golden reference's prompts, by verdict (agree, drift, error).",
+            ["verdict"],
+            registry=r,
+        )
+        self.golden_agreement = Gauge(
+            "palmyra_golden_agreement_ratio",
+            "Share of the compared positions whose token was the reference's, in the last golden check.",
+            registry=r,
+        )
+        self.golden_drift = Gauge(
+            "palmyra_golden_output_drift", "1 when the last golden check found output drift.", registry=r
+        )
         Gauge("palmyra_build_info", "palmyra-serve version.", ["version"], registry=r).labels(__version__).set(1)
 
         # Per tenant (docs/tenants.md): the `tenant` label takes only names from the tenants file
@@ -234,6 +250,8 @@ class SidecarMetrics:
             self.connections_reclaimed.labels(kind)
         for outcome in ("success", "failure"):
             self.warmup_runs.labels(outcome)
+        for verdict in ("agree", "drift", "error"):
+            self.golden_checks.labels(verdict)
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._tenant_children: dict[tuple[str, int], Counter] = {}
         self._tenant_token_children: dict[tuple[str, str], Counter] = {}

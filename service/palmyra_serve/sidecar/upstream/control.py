@@ -43,6 +43,7 @@ class GenerationResult:
     seconds: float
     error: str | None = None
     tokens: int = 0
+    token_ids: list[int] | None = None  # the first choice's, when the payload asked (return_token_ids)
 
 
 class EngineClient:
@@ -120,8 +121,13 @@ class EngineClient:
                     if not body.rstrip().endswith(b"data: [DONE]") or b'"error"' in body:
                         return GenerationResult(False, took, f"{route} stream ended badly: {body[-300:]!r}")
                     return GenerationResult(True, took, tokens=body.count(b"data: ") - 1)
-                usage = orjson.loads(body).get("usage") or {}
-                return GenerationResult(True, took, tokens=int(usage.get("completion_tokens", 0)))
+                answer = orjson.loads(body)
+                usage = answer.get("usage") or {}
+                ids = None
+                if payload.get("return_token_ids"):
+                    choices = answer.get("choices") or [{}]
+                    ids = choices[0].get("token_ids")
+                return GenerationResult(True, took, tokens=int(usage.get("completion_tokens", 0)), token_ids=ids)
         except TimeoutError:
             return GenerationResult(False, time.monotonic() - t0, f"{route} timed out after {timeout_s:.0f} s")
         except (aiohttp.ClientError, ValueError) as exc:
