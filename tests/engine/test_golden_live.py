@@ -45,7 +45,11 @@ def _counter(page: str, verdict: str) -> float:
 
 
 def test_its_own_reference_agrees_check_after_check(engine_server, log_dir, references):
-    env = {"PALMYRA_GOLDEN_FILE": str(references["own"]), "PALMYRA_GOLDEN_INTERVAL_S": "2", "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE}
+    env = {
+        "PALMYRA_GOLDEN_FILE": str(references["own"]),
+        "PALMYRA_GOLDEN_INTERVAL_S": "2",
+        "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE,
+    }
     with (
         procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as sc,
         httpx.Client(timeout=10) as client,
@@ -66,7 +70,11 @@ def test_its_own_reference_agrees_check_after_check(engine_server, log_dir, refe
 
 
 def test_a_reference_for_other_weights_keeps_the_replica_out_with_output_drift(engine_server, log_dir, references):
-    env = {"PALMYRA_GOLDEN_FILE": str(references["other"]), "PALMYRA_GOLDEN_INTERVAL_S": "2", "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE}
+    env = {
+        "PALMYRA_GOLDEN_FILE": str(references["other"]),
+        "PALMYRA_GOLDEN_INTERVAL_S": "2",
+        "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE,
+    }
     t0 = time.monotonic()
     with (
         procs.sidecar(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -89,7 +90,10 @@ def test_the_check_reports_agreement_near_ties_and_the_prompts_that_drifted(tmp_
     assert _check(ref, None).verdict == "error"
 
 
-def _supervisor(tmp_path: Path, engine: FakeEngine, action: str = "unready") -> tuple[Supervisor, HealthState]:
+Action = Literal["unready", "report"]
+
+
+def _supervisor(tmp_path: Path, engine: FakeEngine, action: Action = "unready") -> tuple[Supervisor, HealthState]:
     metrics = SidecarMetrics()
     state = HealthState(metrics, 30.0)
     state.engine_status = "ok"
