@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from palmyra_serve.model.digest import tokenizer_digest, weights_digest
+from palmyra_serve.sidecar.lifecycle import golden as reader
 from palmyra_serve.tools import golden
 from palmyra_serve.tools.prompts import GOLDEN_PROMPTS
 from tests.helpers.models import stand_in_model
@@ -36,7 +37,7 @@ def test_the_prompt_set_is_varied_enough_to_measure_agreement_in_steps_under_5_p
 
 def test_each_position_keeps_the_greedy_token_first_with_its_log_probabilities(recorded):
     doc, _ = recorded
-    assert doc["format"] == golden.FORMAT and len(doc["prompts"]) == len(GOLDEN_PROMPTS)
+    assert doc["format"] == golden.FORMAT == reader.FORMAT and len(doc["prompts"]) == len(GOLDEN_PROMPTS)
     for prompt in doc["prompts"]:
         assert len(prompt["tokens"]) == len(prompt["top"]) == 3 and prompt["prompt_ids"]
         for token, top in zip(prompt["tokens"], prompt["top"], strict=True):

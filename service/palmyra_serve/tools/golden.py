@@ -24,6 +24,8 @@ from typing import Any
 from palmyra_serve.model.digest import tokenizer_digest, weights_digest
 from palmyra_serve.tools.prompts import GOLDEN_PROMPTS
 
+# The sidecar's reader (lifecycle/golden.py) names the same format; tools never import the sidecar,
+# so tests/unit/test_tools_golden.py holds the two equal.
 FORMAT = "palmyra-golden/1"
 DEFAULT_TOKENS = 20
 DEFAULT_TOP_K = 5

@@ -5,8 +5,10 @@ raises the sidecar's 400. Walks of nested values are bounded by depth before the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.policy import structured
@@ -48,7 +50,6 @@ class Seen:
     limits: Limits
     budget: Any = None  # the structured-output units counted so far
     extra_prompt_bytes: int = 0  # tools and documents, rendered into the prompt by the template
-    notes: dict[str, Any] = field(default_factory=dict)
 
 
 def model_name(value: Any, seen: Seen) -> Any:
@@ -88,13 +89,16 @@ def structured_field(name: str):  # type: ignore[no-untyped-def]
     return check
 
 
+_tool_schemas = structured_field("tools")
+
+
 def tools(value: Any, seen: Seen) -> Any:
     if value is None:
         return value
     if not isinstance(value, list):
         raise errors.invalid_parameter("tools", "tools must be a list.")
-    structured_field("tools")(value, seen)  # parameter schemas become grammars for required or named calls
-    seen.extra_prompt_bytes += seen.notes.setdefault("tools_bytes", structured.serialized_size(value))
+    _tool_schemas(value, seen)  # parameter schemas become grammars for required or named calls
+    seen.extra_prompt_bytes += len(orjson.dumps(value))  # its depth was checked just above
     return value
 
 

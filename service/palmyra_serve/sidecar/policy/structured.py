@@ -113,10 +113,10 @@ def _walk(node: Any, budget: _Budget, depth: int) -> None:
     limits = budget.limits
     for key, value in node.items():
         if key in _LENGTH_KEYS:
-            budget.add(_count(value, key, budget))
+            budget.add(_count(value))
         elif key in _COUNT_KEYS:
-            if _count(value, key, budget) > _MAX_COUNT:
-                raise errors.parameter_too_large(f"{budget.param}.{key}", _count(value, key, budget), _MAX_COUNT)
+            if (count := _count(value)) > _MAX_COUNT:
+                raise errors.parameter_too_large(f"{budget.param}.{key}", count, _MAX_COUNT)
         elif key in _REGEX_KEYS and isinstance(value, str):
             if key == "regex" and not limits.regex_and_grammar:
                 raise _switched_off(budget.param, "regex")
@@ -144,7 +144,7 @@ def _walk(node: Any, budget: _Budget, depth: int) -> None:
             _walk(value, budget, depth + 1)
 
 
-def _count(value: Any, key: str, budget: _Budget) -> int:
+def _count(value: Any) -> int:
     if type(value) is int:
         return max(0, value)
     try:  # read laxly, as a schema library might
@@ -223,9 +223,3 @@ def _quantifier(text: str) -> int | None:
     if len(low) > 9 or len(high) > 9:
         return _HUGE
     return int(high) if high else int(low)
-
-
-def serialized_size(value: Any) -> int:
-    """Bytes of a value as JSON (its depth is checked first: orjson refuses more than 255 levels)."""
-    _depth_ok(value, "value")
-    return len(orjson.dumps(value))
