@@ -161,6 +161,10 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
         if not preflight(settings, settings.doctor):
             return 2  # the host's configuration, like a refused argument: `up` stops rather than restarts
+    from palmyra_serve.engine.golden_gate import admit
+
+    if not admit(settings, model_path):
+        return 2  # weights the golden reference was not recorded for: restarting serves them again
     return run(cmd)
 
 
@@ -290,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         "engine",
         "launch the vLLM OpenAI server for the detected platform",
         "Builds vLLM's command from the settings (the container images run this); on Ascend it runs "
-        "doctor's checks first (PALMYRA_DOCTOR).",
+        "doctor's checks first (PALMYRA_DOCTOR); with PALMYRA_GOLDEN_FILE it starts only on the weights the "
+        "reference was recorded for (PALMYRA_GOLDEN_DIGEST).",
     )
     _add_listen(p, "engine_port", 8000)
     _add_model(p)

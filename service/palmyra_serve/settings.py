@@ -329,6 +329,12 @@ class Settings(BaseSettings):
         "unready",
         description="On output drift: unready (/ready 503, reason output_drift) or report (metrics and log only).",
     )
+    golden_digest: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="When the served weights' SHA-256 differs from the one PALMYRA_GOLDEN_FILE was recorded for "
+        "(or cannot be computed): refuse (the engine does not start, exit status 2) or warn (it starts, and says "
+        "so). The engine hashes the *.safetensors files on each start: 2.3 s for 3.5 GB already in the page cache.",
+    )
     drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight requests may take to finish.")
     # 10 s: Kubernetes drops a terminating pod from EndpointSlices within about a second, but every
     # kube-proxy (iptables/IPVS resync) and gateway (Envoy EDS, ingress controllers) applies that on

@@ -19,6 +19,7 @@ from typing import Literal
 from palmyra_serve.doctor import facts
 from palmyra_serve.doctor.host import HostView, Node
 from palmyra_serve.doctor.npu_smi import parse, processes
+from palmyra_serve.model.digest import WeightsMatch
 
 Level = Literal["ok", "info", "warn", "stop"]
 LEVELS: tuple[Level, ...] = ("ok", "info", "warn", "stop")
@@ -481,6 +482,23 @@ def check_vnpu(host: HostView, want: Wanted) -> Finding:
         what = f"template {template}" if template else ", ".join("/" + n.path for n in host.vnpus)
         return Finding(name, "info", f"template (hard) vNPUs here: {what}")
     return Finding(name, "ok" if is_ascend_host(host) else "info", "whole NPUs, no partition")
+
+
+def check_golden_digest(match: WeightsMatch | None, mode: str) -> Finding:
+    """The engine's start compares the served weights with PALMYRA_GOLDEN_FILE's (engine/golden_gate.py):
+    a stop here is a refused start under PALMYRA_GOLDEN_DIGEST=refuse, a warning under warn."""
+    name = "golden digest"
+    if match is None:
+        return Finding(name, "info", "no PALMYRA_GOLDEN_FILE: the served weights are not compared with a reference")
+    if match.matches:
+        return Finding(name, "ok", f"{match.describe()} (hashed in {match.seconds:.1f} s)")
+    return Finding(
+        name,
+        "stop" if mode == "refuse" else "warn",
+        match.describe(),
+        "serve the weights the reference names, or record one for these (palmyra-serve golden --model-dir DIR "
+        "--out FILE) and point PALMYRA_GOLDEN_FILE at it; PALMYRA_GOLDEN_DIGEST=warn starts the engine anyway",
+    )
 
 
 def run_checks(host: HostView, want: Wanted) -> list[Finding]:

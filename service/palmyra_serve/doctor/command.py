@@ -6,9 +6,10 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from palmyra_serve.doctor import facts
-from palmyra_serve.doctor.checks import Finding, Wanted, run_checks
+from palmyra_serve.doctor.checks import Finding, Wanted, check_golden_digest, run_checks
 from palmyra_serve.doctor.host import gather
 from palmyra_serve.doctor.report import exit_status, render_json, render_text, verdict
 from palmyra_serve.settings import Settings
@@ -64,8 +65,27 @@ def wanted(settings: Settings, env: Mapping[str, str], image_arch: str | None = 
     )
 
 
+def served_checkpoint(settings: Settings) -> Path:
+    """The directory the engine serves without fetching anything: resolve()'s first two choices."""
+    local = Path(settings.model)
+    return local if settings.model_source in ("auto", "local") and local.is_dir() else settings.model_dir
+
+
+def golden_finding(settings: Settings) -> Finding:
+    """The engine's own comparison of its weights with the golden file's, judged as its start would.
+    Not part of preflight: the engine's start makes it itself, on whatever platform."""
+    from palmyra_serve.model.digest import compare_with_golden
+
+    if settings.golden_file is None:
+        return check_golden_digest(None, settings.golden_digest)
+    return check_golden_digest(
+        compare_with_golden(settings.golden_file, served_checkpoint(settings)), settings.golden_digest
+    )
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     findings = diagnose(args.root, wanted(settings, os.environ, args.image_arch), run_npu_smi=not args.skip_npu_smi)
+    findings.append(golden_finding(settings))
     if args.only:
         unknown = sorted(set(args.only) - {f.check for f in findings})
         if unknown:
