@@ -68,7 +68,7 @@ build_pid=
 if has container && [ "${PALMYRA_TEST_PREBUILD:-1}" = 1 ]; then
   log "building the container images in the background (log: $REPORTS/prebuild.log)"
   # A session of its own, so that nothing of it outlives this script if the script stops early.
-  setsid python3 -m tests.container.prebuild "$REPORTS/prebuild" >"$REPORTS/prebuild.log" 2>&1 &
+  setsid python3 -m tests.helpers.prebuild "$REPORTS/prebuild" >"$REPORTS/prebuild.log" 2>&1 &
   build_pid=$!
   trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
 fi

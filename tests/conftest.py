@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-# Published schemas and recorded fixtures, vendored with their provenance (tests/data/README.md):
-# a clone passes its tests with nothing beside it.
-DATA = REPO / "tests" / "data"
+from tests.helpers.paths import DATA, REPO
+
 TIERS = ("unit", "app", "static", "engine", "container")
 
 

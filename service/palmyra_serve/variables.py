@@ -45,7 +45,7 @@ NON_SETTINGS: dict[str, tuple[str, str]] = {
     "PALMYRA_VLLM018_VENV": ("tests/vllm018/install.sh", "where vLLM 0.18.0's test venv lives"),
     "PALMYRA_TEST_CACHE": ("tests/helpers/models.py", "test cache directory"),
     "PALMYRA_RELIABILITY_FIGURES": (
-        "tests/engine/reliability_support.py",
+        "tests/helpers/reliability.py",
         "where the reliability suite appends its figures",
     ),
     "PALMYRA_UPDATE_CONTRACT": ("tests/static/test_contract.py", "rewrites the contract snapshot's golden files"),

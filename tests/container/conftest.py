@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.container.podman_helpers import (
+from tests.helpers.podman import (
     ENGINE_IMAGE,
     PODMAN_DIR,
     SIDECAR_IMAGE,
@@ -56,7 +56,7 @@ def build_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def built_images(podman_env: None, build_logs: Path) -> BuiltImages:
-    # ./test.sh may have built them in the background already (tests/container/prebuild.py): then
+    # ./test.sh may have built them in the background already (tests/helpers/prebuild.py): then
     # these are the seconds podman's layer cache took to confirm them.
     seconds = build_images(build_logs)
     sizes = {image: image_size(image) for image in (ENGINE_IMAGE, SIDECAR_IMAGE)}

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.container.podman_helpers import PODMAN_DIR, podman, run_logged
+from tests.helpers import ascend_command as cmd
 from tests.helpers import ascend_host
-from tests.static import ascend_command as cmd
-from tests.static import ascend_upstream as up
+from tests.helpers import ascend_upstream as up
+from tests.helpers.podman import PODMAN_DIR, podman, run_logged
 
 pytestmark = pytest.mark.container
 
@@ -226,11 +226,11 @@ def test_entrypoint_user_groups_writable_dirs_and_engine_command(rehearsal_image
 def deployed(where: str) -> tuple[dict[str, str], tuple[int, ...]]:
     """The engine's environment and added groups as Compose and the k8s overlay deploy them."""
     if where == "compose":
-        from tests.static.test_ascend_deploy import compose_config
+        from tests.helpers.compose_files import ascend_compose_config
 
-        engine = compose_config(HWHIAIUSER_GID=str(NODE_GID))["engine"]
+        engine = ascend_compose_config(HWHIAIUSER_GID=str(NODE_GID))["engine"]
         return {k: str(v) for k, v in engine["environment"].items()}, tuple(int(g) for g in engine["group_add"])
-    from tests.static.test_k8s import config_data, container, pod_spec, render
+    from tests.helpers.k8s_manifests import config_data, container, pod_spec, render
 
     objects = render("ascend-hami")
     spec = pod_spec(objects)

@@ -20,17 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.container.podman_helpers import (
+from tests.helpers import deployed
+from tests.helpers.podman import (
     PROBE,
     REPO,
     BuiltImages,
     completion,
     http,
+    listening_addresses,
     podman,
     port_is_free,
     wait_ready,
 )
-from tests.helpers import deployed
 
 PROJECT = "palmyra-ct"
 ENGINE_PORT, SIDECAR_PORT = 18000, 18080
@@ -145,27 +146,6 @@ def test_settings_in_the_env_file_take_effect_in_their_containers(stack: dict[st
     assert status == 400 and "max_tokens" in body["error"]["message"], body
     status, body = completion(url, max_tokens=ENV_FILE_MAX_TOKENS_CAP)
     assert status == 200, body
-
-
-def _proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An address as /proc/net/tcp{,6} prints it: 32-bit words in host (little-endian) order."""
-    raw = bytes.fromhex(hex_addr)
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return ipaddress.ip_address(words)
-
-
-def listening_addresses(container: str, port: int) -> set[str]:
-    """Addresses with a TCP listener on `port` in the container's network namespace."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        out = podman("exec", container, "cat", table, check=False).stdout
-        for line in out.splitlines()[1:]:
-            fields = line.split()
-            local, state = fields[1], fields[3]
-            addr, _, hex_port = local.rpartition(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                found.add(str(_proc_net_address(addr)))
-    return found
 
 
 def test_engine_and_sidecar_share_the_holders_namespace(stack: dict[str, str]) -> None:

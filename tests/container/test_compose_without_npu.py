@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.container.podman_helpers import REPO, SIDECAR_IMAGE, BuiltImages
 from tests.helpers import deployed
+from tests.helpers.podman import REPO, SIDECAR_IMAGE, BuiltImages
 
 
 def test_the_ascend_profile_on_a_host_without_an_npu_stops_at_npu_check_and_names_the_cpu_path(

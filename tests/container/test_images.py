@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.container.podman_helpers import PODMAN_DIR, PROBE, BuiltImages, podman
+from tests.helpers.podman import PODMAN_DIR, PROBE, BuiltImages, podman
 
 
 def test_image_sizes_recorded(built_images: BuiltImages) -> None:

@@ -66,8 +66,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.container.podman_helpers import PROBE, REPO, BuiltImages, completion, http, podman, wait_ready
-from tests.container.test_compose_up import listening_addresses
+from tests.helpers.podman import PROBE, REPO, BuiltImages, completion, http, listening_addresses, podman, wait_ready
 
 OVERLAY = REPO / "k8s" / "overlays" / "cpu"
 DEPLOYMENT = "palmyra-serve"

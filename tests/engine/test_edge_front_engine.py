@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.engine.reliability_support import FAST, engine_gauge, figure, sidecar_metric
 from tests.helpers import procs
 from tests.helpers.api import MODEL, completion, plain_client
+from tests.helpers.reliability import FAST, engine_gauge, figure, sidecar_metric
 from tests.helpers.waiting import wait_until
 
 ENGINE_MAX_MODEL_LEN = 2048  # procs.engine's

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from tests.engine.reliability_support import sidecar_metric
 from tests.helpers.api import HTTP, MODEL
-from tests.static.test_ascend_image import base_name, used_metric_lines
+from tests.helpers.reliability import sidecar_metric
+from tests.helpers.vllm_metric_names import base_name, used_metric_lines
 
 pytestmark = pytest.mark.engine_contract
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.reliability_support import figure, long_stream
 from tests.helpers.api import HTTP, plain_client
+from tests.helpers.reliability import figure, long_stream
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)

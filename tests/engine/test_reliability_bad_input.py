@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.engine.reliability_support import FAST, figure, generate_ok
 from tests.helpers import procs
 from tests.helpers.api import HTTP, MODEL, completion
+from tests.helpers.reliability import FAST, figure, generate_ok
 
 pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)
 

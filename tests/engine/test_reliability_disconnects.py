@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.engine.reliability_support import (
+from tests.helpers import procs
+from tests.helpers.reliability import (
     FAST,
     engine_gauge,
     figure,
@@ -22,7 +23,6 @@ from tests.engine.reliability_support import (
     start_streams,
     usage,
 )
-from tests.helpers import procs
 from tests.helpers.waiting import wait_until
 
 STREAMS, ROUNDS = 16, 3

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from tests.engine.reliability_support import FAST, StreamThread, figure, long_stream, start_streams, wait_engine_idle
 from tests.helpers import procs
 from tests.helpers.api import HTTP, completion
+from tests.helpers.reliability import FAST, StreamThread, figure, long_stream, start_streams, wait_engine_idle
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)

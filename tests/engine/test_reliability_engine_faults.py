@@ -18,7 +18,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.engine.reliability_support import (
+from tests.helpers import engine_under_test, procs
+from tests.helpers.api import HTTP, completion
+from tests.helpers.procs import RestartableEngine, signal_session
+from tests.helpers.reliability import (
     FAST,
     TransitionWatcher,
     engine_core,
@@ -28,9 +31,6 @@ from tests.engine.reliability_support import (
     ready,
     start_streams,
 )
-from tests.helpers import engine_under_test, procs
-from tests.helpers.api import HTTP, completion
-from tests.helpers.procs import RestartableEngine, signal_session
 from tests.helpers.waiting import seconds_until, wait_until
 
 READ_TIMEOUT_S = float(FAST["PALMYRA_READ_TIMEOUT_S"])

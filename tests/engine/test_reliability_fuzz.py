@@ -20,8 +20,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.core.result import Err
 
-from tests.engine.reliability_support import figure, generate_ok
 from tests.helpers.api import HTTP
+from tests.helpers.reliability import figure, generate_ok
 
 CASE_TIMEOUT_S = 30.0
 TOKEN_CAP, N_CAP = 16, 2

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.engine.reliability_support import FAST, figure, generate_ok, percentile, sidecar_metric
 from tests.helpers import procs
 from tests.helpers.access_log import access_durations_s
 from tests.helpers.api import HTTP, completion
+from tests.helpers.reliability import FAST, figure, generate_ok, percentile, sidecar_metric
 from tests.helpers.waiting import wait_until
 
 MAX_IN_FLIGHT, MAX_QUEUE = 4, 4

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.engine.reliability_support import FAST, StreamThread, figure, generate_ok, long_stream, usage
 from tests.helpers import procs
 from tests.helpers.api import MODEL, completion, plain_client
+from tests.helpers.reliability import FAST, StreamThread, figure, generate_ok, long_stream, usage
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.reliability_support import FAST, long_stream, sidecar_metric
 from tests.helpers import procs
 from tests.helpers.api import HTTP, MODEL
+from tests.helpers.reliability import FAST, long_stream, sidecar_metric
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine_contract

@@ -12,8 +12,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.engine.reliability_support import engine_gauge, wait_engine_idle
 from tests.helpers.api import HTTP, raw_json_post
+from tests.helpers.reliability import engine_gauge, wait_engine_idle
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine_contract  # also run against vLLM 0.18.0 (the vllm018 tier)

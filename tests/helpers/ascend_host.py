@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from palmyra_serve.doctor.host import HostView
-from tests.conftest import DATA
+from tests.helpers.paths import DATA
 
 HOST_DATA = DATA / "ascend-host"
 COLLECTING_LOGS = HOST_DATA / "mindcluster-v26.1.0-03_collecting_logs.md"

@@ -41,11 +41,12 @@ import pytest
 import yaml
 
 from palmyra_serve.doctor.facts import NPU_SMI_PATHS
+from tests.helpers import ascend_command as cmd
+from tests.helpers import ascend_upstream as up
+from tests.helpers.ascend_command import image_env
 from tests.helpers.ascend_host import BASE_LIST
-from tests.static import ascend_command as cmd
-from tests.static import ascend_upstream as up
-from tests.static.ascend_command import image_env
-from tests.static.test_k8s import ASCEND, container, pod_spec, render
+from tests.helpers.compose_files import ascend_compose_config
+from tests.helpers.k8s_manifests import ASCEND, config_data, container, pod_spec, render
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "ascend-deploy"
@@ -464,42 +465,10 @@ def test_every_ascend_overlay_is_checked_by_test_k8s():
 # --- Compose ----------------------------------------------------------------------------------
 
 
-def compose_config(**env: str) -> dict[str, Any]:
-    """docker-compose.yml with compose/ascend.env as podman-compose renders it (interpolated).
-    `--dry-run` only skips podman-compose's `podman --version` probe: the static tier has no podman."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PALMYRA_", "HWHIAIUSER_", "COMPOSE_"))}
-    result = subprocess.run(
-        [
-            str(BIN / "podman-compose"),
-            "--dry-run",
-            "--env-file",
-            "compose/ascend.env",
-            "-f",
-            "docker-compose.yml",
-            "config",
-        ],
-        # Compose requires the engine key and Grafana's password; compose/ascend.env ships neither
-        # (the shell gives them).
-        cwd=REPO,
-        env={
-            **environ,
-            "PALMYRA_ENGINE_API_KEY": "static-test-engine-key",
-            "GRAFANA_ADMIN_PASSWORD": "static-test-grafana-password",
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return yaml.safe_load(result.stdout)["services"]
-
-
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Any]:
     # A host index and gid other than the defaults, to see them travel.
-    return compose_config(PALMYRA_NPU_DEVICES="3", HWHIAIUSER_GID="1234")
+    return ascend_compose_config(PALMYRA_NPU_DEVICES="3", HWHIAIUSER_GID="1234")
 
 
 def test_compose_engine_devices_and_mounts_are_vllm_ascends(rendered):
@@ -612,7 +581,7 @@ def test_docs_give_the_images_home_and_cann_log_path():
 
 def test_compose_a3_image_is_one_setting_away():
     assert (
-        compose_config(PALMYRA_ENGINE_ASCEND_IMAGE="palmyra-serve-engine:ascend-a3")["engine"]["image"]
+        ascend_compose_config(PALMYRA_ENGINE_ASCEND_IMAGE="palmyra-serve-engine:ascend-a3")["engine"]["image"]
         == "palmyra-serve-engine:ascend-a3"
     )
 
@@ -759,13 +728,12 @@ print("VALIDATED " + json.dumps(results))
 
 def engine_environments() -> dict[str, dict[str, str]]:
     """The environment vLLM starts in, per deployment: the image's ENV, what the deployment sets,
-    then what the launcher adds (tests/static/ascend_command.py prints it)."""
-    from tests.static.test_k8s import config_data
+    then what the launcher adds (tests/helpers/ascend_command.py prints it)."""
 
     image = image_env()
     launcher, _argv = cmd.host_command("ascend")
     out = {"Dockerfile (engine-ascend)": {**image, **launcher}}
-    compose = {k: str(v) for k, v in compose_config()["engine"]["environment"].items()}
+    compose = {k: str(v) for k, v in ascend_compose_config()["engine"]["environment"].items()}
     out["docker-compose.yml (engine)"] = {**image, **compose, **launcher}
     for overlay in ASCEND:
         objects = render(overlay)

@@ -1,7 +1,7 @@
 """The Ascend engine image held against upstream's real sources, not against its own values.
 
 - Upstream's images are read from their own files, vendored unmodified in tests/data/ascend-image/
-  (tests/static/ascend_upstream.py parses them): the Dockerfile builds FROM the image vllm-ascend's
+  (tests/helpers/ascend_upstream.py parses them): the Dockerfile builds FROM the image vllm-ascend's
   workflow publishes from its Dockerfile for the release (Dockerfile.a3's for Atlas A3), and every
   image the project names is one it publishes; Dockerfile.a3 is Dockerfile's recipe on the A3 CANN
   base with its own SOC_VERSION, as the project says; the layer sets no variable upstream's ENV or
@@ -46,8 +46,10 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from tests.static import ascend_command as cmd
-from tests.static import ascend_upstream as up
+from tests.helpers import ascend_command as cmd
+from tests.helpers import ascend_upstream as up
+from tests.helpers.vllm_metric_names import base_name, used_metric_lines
+from tests.helpers.vllm_parser import PARSE
 
 pytestmark = pytest.mark.static
 
@@ -391,32 +393,6 @@ def test_launcher_imports_only_what_the_image_has() -> None:
 
 # --- (b) vLLM 0.18.0's own parser accepts the printed command ------------------------------------
 
-PARSE = r"""
-import json, sys
-import vllm, vllm.platforms
-from vllm.platforms.cpu import CpuPlatform
-vllm.platforms._current_platform = CpuPlatform()
-from vllm.entrypoints.openai.cli_args import make_arg_parser
-from PARSER_MODULE import FlexibleArgumentParser
-results = {}
-for key, argv in json.loads(sys.argv[1]).items():
-    parser = make_arg_parser(FlexibleArgumentParser())
-    try:
-        args = parser.parse_args(argv)
-        cc = args.compilation_config
-        if isinstance(cc, dict):
-            sizes = cc.get("cudagraph_capture_sizes")
-        else:
-            sizes = getattr(cc, "cudagraph_capture_sizes", None)
-        results[key] = {"ok": True, "model": args.model, "served": args.served_model_name, "len": args.max_model_len,
-                        "eager": args.enforce_eager, "capture_sizes": sizes,
-                        "additional": getattr(args, "additional_config", None),
-                        "policy": getattr(args, "scheduling_policy", None),
-                        "otlp": getattr(args, "otlp_traces_endpoint", None)}
-    except SystemExit as exc:
-        results[key] = {"ok": False, "code": exc.code}
-print("PARSED " + json.dumps({"vllm": vllm.__file__, "results": results}))
-"""
 # The Ascend image runs vLLM 0.18.0; the CPU and CUDA images pin 0.32.0, whose parser reads their
 # commands in tests/static/test_cuda_image.py.
 PLATFORMS = ("ascend",)
@@ -569,43 +545,12 @@ def test_vllm_018_parser_refuses_a_flag_it_does_not_know(parsed: dict) -> None:
 
 # --- (b) metric names in vLLM 0.18.0's source -----------------------------------------------------
 
-SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
-
-
-# Where vllm: names are read: what Prometheus, Grafana, KEDA and the router load (generated
-# dashboards included), and the sidecar, which parses the engine's /metrics page itself
-# (sidecar/upstream/capacity.py: vllm:cache_config_info for the admission ceiling).
-METRIC_USERS = {"monitoring": {".yaml", ".yml", ".json"}, "k8s": {".yaml", ".yml", ".json"}, "service": {".py"}}
-
-
-def used_metric_lines() -> dict[str, list[str]]:
-    """Every vllm: metric name in monitoring/, k8s/ and service/, with the lines using it."""
-    found: dict[str, list[str]] = {}
-    for top, suffixes in METRIC_USERS.items():
-        for path in (REPO / top).rglob("*"):
-            # promtool's test inputs feed old names on purpose and are not queries.
-            if not path.is_file() or path.suffix not in suffixes or "tests" in path.parts:
-                continue
-            for line in path.read_text(errors="ignore").splitlines():
-                if line.lstrip().startswith("#"):
-                    continue
-                for name in re.findall(r"vllm:[a-zA-Z0-9_:]+", line):
-                    found.setdefault(name, []).append(f"{path.relative_to(REPO)}: {line.strip()[:200]}")
-    return found
-
 
 def defined_in(root: Path) -> set[str]:
     names = set()
     for path in (root / "vllm").rglob("*.py"):
         names |= set(re.findall(r"[\"'](vllm:[a-zA-Z0-9_:]+)[\"']", path.read_text(errors="ignore")))
     return names
-
-
-def base_name(name: str) -> str:
-    for suffix in SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 def test_every_metric_the_monitoring_uses_exists_in_vllm_018() -> None:

@@ -22,25 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarState
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from tests.static.test_k8s import K8S_VERSIONS, REPO, crd_validators, one, render  # noqa: F401  (crd_validators: fixture)
+from tests.helpers.k8s_manifests import K8S_VERSIONS, REPO, hpa, scaledobject
 
-KEDA = ("cpu", ("components/autoscaling-keda",))
 # A selector in PromQL: a metric name followed by its label braces.
 SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}")
 MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 
 
-def scaledobject() -> dict:
-    return one(render(*KEDA), "ScaledObject")
-
-
 def trigger_query(scaled: dict) -> str:
     [trigger] = scaled["spec"]["triggers"]
     return trigger["metadata"]["query"]
-
-
-def hpa() -> dict:
-    return one(render("cpu"), "HorizontalPodAutoscaler")
 
 
 def sidecar_exposition() -> dict[str, list[dict[str, str]]]:
@@ -98,7 +89,7 @@ def normalized(promql: str) -> str:
 # --- schemas ---------------------------------------------------------------------------------
 
 
-def test_scaledobject_is_valid_for_kedas_crd_and_a_fault_is_not(crd_validators):  # noqa: F811
+def test_scaledobject_is_valid_for_kedas_crd_and_a_fault_is_not(crd_validators):
     scaled = scaledobject()
     validator = crd_validators[(scaled["apiVersion"], "ScaledObject")]
     assert not [e.message for e in validator.iter_errors(scaled)]

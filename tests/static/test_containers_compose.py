@@ -8,11 +8,9 @@ itself merges and resolves it.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,14 +20,25 @@ import yaml
 
 from palmyra_serve.sidecar.routes import PROBE_PATHS
 from tests.helpers import deployed
+from tests.helpers.compose_files import (
+    COMPOSE,
+    COMPOSE_DIR,
+    HOLDER,
+    REPO,
+    TEST_ENGINE_KEY,
+    TEST_GRAFANA_PASSWORD,
+    ComposeLoader,
+    env_of,
+    load,
+    podman_compose_config,
+    podman_compose_run,
+    tool,
+    volume_targets,
+)
 from tests.helpers.deployed import flag_value, loopback
-from tests.static.test_containers import ENGINE_CMD, parse_dockerfile
+from tests.helpers.dockerfile import ENGINE_CMD, parse_dockerfile
 
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE = REPO / "docker-compose.yml"
-COMPOSE_DIR = REPO / "compose"
 OVERRIDES = sorted(COMPOSE_DIR.glob("*.yml"))
-BIN = Path(sys.executable).parent
 SIDECAR_PATHS = PROBE_PATHS  # what the sidecar's probe port serves
 ASCEND_DEVICES = ["/dev/davinci${PALMYRA_NPU_DEVICES:-0}", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 ASCEND_DRIVER = [  # vllm-ascend's `docker run` mounts but npu-smi (test_ascend_deploy.py says why)
@@ -39,9 +48,6 @@ ASCEND_DRIVER = [  # vllm-ascend's `docker run` mounts but npu-smi (test_ascend_
     "/etc/ascend_install.info",
 ]
 PROBE = "/opt/palmyra/healthchecks/http_probe.py"
-HOLDER = "pod"  # the service that only holds the replica's network namespace
-TEST_ENGINE_KEY = "static-test-engine-key"  # Compose requires one; the env files ship none
-TEST_GRAFANA_PASSWORD = "static-test-grafana-password"  # the same
 IN_POD = ("engine", "engine-cpu", "sidecar")  # the services that join it
 ENGINE_PORT, SIDECAR_PORT = 8000, 8080
 # The engine's launcher command as the image runs it, bound to the namespace's loopback.
@@ -50,38 +56,6 @@ LOOPBACK_ENGINE_CMD = [
     "127.0.0.1",
     *ENGINE_CMD[ENGINE_CMD.index("--host") + 2 :],
 ]
-
-
-class _ComposeLoader(yaml.SafeLoader):
-    """PyYAML plus Compose's merge tags: `!override` keeps its plain value, `!reset` removes the key
-    (what it means after merging; the loaded override then reads as the merged result would)."""
-
-
-_RESET = object()
-
-
-def _plain(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node)
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node)
-    return loader.construct_scalar(node)
-
-
-_ComposeLoader.add_constructor("!reset", lambda loader, node: _RESET)
-_ComposeLoader.add_constructor("!override", _plain)
-
-
-def _drop_resets(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_resets(v) for k, v in value.items() if v is not _RESET}
-    if isinstance(value, list):
-        return [_drop_resets(v) for v in value if v is not _RESET]
-    return value
-
-
-def load(path: Path) -> dict[str, Any]:
-    return _drop_resets(yaml.load(path.read_text(), Loader=_ComposeLoader))  # a SafeLoader subclass
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +68,6 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
     return compose["services"]
 
 
-def tool(name: str) -> str:
-    path = BIN / name
-    assert path.exists(), f"{name} missing from the venv: ./test.sh installs tests/requirements-tools.txt"
-    return str(path)
-
-
-def env_of(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment", {})
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {k: str(v) for k, v in env.items()}
-
-
 def probe_url(service: dict[str, Any]) -> str | None:
     test = service.get("healthcheck", {}).get("test")
     if not test or PROBE not in test:
@@ -116,15 +77,6 @@ def probe_url(service: dict[str, Any]) -> str | None:
 
 def url_path(url: str) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1]
-
-
-def volume_targets(service: dict[str, Any]) -> dict[str, str]:
-    """target -> 'source[:mode]' for short-syntax volumes."""
-    out = {}
-    for spec in service.get("volumes", []):
-        source, target, *mode = spec.split(":")
-        out[target] = ":".join([source, *mode])
-    return out
 
 
 # --- linters and schema --------------------------------------------------------------------------
@@ -330,37 +282,10 @@ def test_engine_isolation_check_can_fail(services: dict[str, Any]) -> None:
         print(f"caught: {what}")
 
 
-def _podman_compose_run(
-    *files: Path, profile: str = "cpu", env_file: str = "/dev/null", **env: str
-) -> subprocess.CompletedProcess[str]:
-    # --env-file /dev/null: a developer's .env (compose/cpu.env copied) must not change the defaults.
-    argv = [tool("podman-compose"), "--env-file", env_file, "--dry-run", "-p", "palmyra-static", "--profile", profile]
-    for path in files:
-        argv += ["-f", str(path)]
-    # Grafana's password is required too; a test that wants it unset says "".
-    environ = deployed.compose_shell_env(**{"GRAFANA_ADMIN_PASSWORD": TEST_GRAFANA_PASSWORD, **env})
-    return subprocess.run(
-        [*argv, "config"], capture_output=True, text=True, cwd=REPO, env=environ, timeout=60, check=False
-    )
-
-
-def _podman_compose_config(*files: Path, profile: str = "cpu") -> dict[str, Any]:
-    """The project as podman-compose (the pinned tool the container tests run) merges and resolves
-    it: a fresh copy of one run per files and profile (each run takes seconds)."""
-    return copy.deepcopy(_podman_compose_config_once(files, profile))
-
-
-@functools.cache
-def _podman_compose_config_once(files: tuple[Path, ...], profile: str) -> dict[str, Any]:
-    result = _podman_compose_run(*files, profile=profile, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    return yaml.safe_load(result.stdout)
-
-
 def test_podman_compose_resolves_the_shared_namespace() -> None:
     merged = {}
     for profile in ("ascend", "cpu"):  # one engine each
-        merged.update(_podman_compose_config(COMPOSE, profile=profile)["services"])
+        merged.update(podman_compose_config(COMPOSE, profile=profile)["services"])
     assert_engine_reachable_only_by_its_sidecar(merged)
     assert merged[HOLDER]["ports"] == ["127.0.0.1:8080:8080"]
 
@@ -465,13 +390,13 @@ def test_engine_api_key_is_shared_and_required(services: dict[str, Any]) -> None
 @pytest.mark.parametrize("env_file", ["/dev/null", "compose/cpu.env"])
 def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
     # As the quick start runs it: the env file's empty value is no key, and the message says what to do.
-    refused = _podman_compose_run(COMPOSE, env_file=env_file)
+    refused = podman_compose_run(COMPOSE, env_file=env_file)
     assert refused.returncode != 0
     assert "required variable PALMYRA_ENGINE_API_KEY is missing a value" in refused.stderr
     assert "openssl rand -hex 32" in refused.stderr
     # A key in the shell that runs Compose wins over the env file's empty one, for both containers.
     services = yaml.safe_load(
-        _podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
+        podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
     )["services"]
     assert services["engine-cpu"]["environment"]["VLLM_API_KEY"] == TEST_ENGINE_KEY
     assert services["sidecar"]["environment"]["PALMYRA_ENGINE_API_KEY"] == TEST_ENGINE_KEY
@@ -479,13 +404,13 @@ def test_compose_refuses_to_run_without_an_engine_key(env_file: str) -> None:
 
 @pytest.mark.parametrize("env_file", ["/dev/null", "compose/cpu.env"])
 def test_compose_refuses_to_run_without_a_grafana_password(env_file: str) -> None:
-    refused = _podman_compose_run(
+    refused = podman_compose_run(
         COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY, GRAFANA_ADMIN_PASSWORD=""
     )
     assert refused.returncode != 0
     assert "required variable GRAFANA_ADMIN_PASSWORD is missing a value" in refused.stderr
     given = yaml.safe_load(
-        _podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
+        podman_compose_run(COMPOSE, env_file=env_file, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY).stdout
     )["services"]
     assert given["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == TEST_GRAFANA_PASSWORD
 
@@ -533,7 +458,7 @@ def test_every_documented_setting_in_the_env_file_reaches_its_containers(profile
     values["PALMYRA_ENGINE_API_KEY"] = TEST_ENGINE_KEY
     env_file = tmp_path / "operator.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-    result = _podman_compose_run(COMPOSE, profile=profile, env_file=str(env_file))
+    result = podman_compose_run(COMPOSE, profile=profile, env_file=str(env_file))
     assert result.returncode == 0, result.stderr[-2000:]
     services = yaml.safe_load(result.stdout)["services"]
     engine = "engine" if profile == "ascend" else "engine-cpu"
@@ -561,7 +486,7 @@ def test_every_documented_setting_in_the_env_file_reaches_its_containers(profile
     if profile == "ascend":
         assert "/dev/davinciv-palmyra_npu_devices" in services["engine"]["devices"]
     # Left out of the env file, a setting arrives empty, which the settings read as their default.
-    bare = yaml.safe_load(_podman_compose_run(COMPOSE, profile=profile, PALMYRA_ENGINE_API_KEY="k").stdout)
+    bare = yaml.safe_load(podman_compose_run(COMPOSE, profile=profile, PALMYRA_ENGINE_API_KEY="k").stdout)
     assert bare["services"]["sidecar"]["environment"]["PALMYRA_MAX_QUEUE"] == ""
     # Nothing but settings (and the engine's own variables) travels: Grafana's password stays Grafana's.
     for service in (engine, "sidecar"):
@@ -577,7 +502,7 @@ def test_the_sidecar_worst_case_memory_fits_its_compose_limit() -> None:
 
     from palmyra_serve.sidecar import memory_budget
 
-    sidecar = _podman_compose_config(COMPOSE)["services"]["sidecar"]
+    sidecar = podman_compose_config(COMPOSE)["services"]["sidecar"]
     stage = parse_dockerfile((REPO / "Dockerfile").read_text()).stages["sidecar"]
     settings = deployed.compose_sidecar_settings(sidecar, stage.env(), stage.last("ENTRYPOINT").exec_form())
     assert settings.probe_port == 8081 and settings.admission_mode == "adaptive", "what Compose runs"
@@ -744,7 +669,7 @@ def test_podman_override_is_host_network_local_images_loopback_only() -> None:
     # joining the holder, so the test stack runs the shared-namespace layout on the host's loopback.
     assert override[HOLDER]["network_mode"] == override["model-init-cpu"]["network_mode"] == "host"
     assert "network_mode" not in override["engine-cpu"] and "network_mode" not in override["sidecar"]
-    merged = _podman_compose_config(COMPOSE, COMPOSE_DIR / "podman-test.override.yml")["services"]
+    merged = podman_compose_config(COMPOSE, COMPOSE_DIR / "podman-test.override.yml")["services"]
     assert merged[HOLDER]["network_mode"] == "host" and not merged[HOLDER].get("ports")
     for name in ("engine-cpu", "sidecar"):
         assert merged[name]["network_mode"] == f"service:{HOLDER}" and "networks" not in merged[name], name
@@ -768,7 +693,7 @@ def test_override_lists_that_must_replace_say_so() -> None:
     # itself (its `config` fails on it): only the base's services carry it.
     base = set(load(COMPOSE)["services"])
     for path in OVERRIDES:
-        root = yaml.compose(path.read_text(), Loader=_ComposeLoader)
+        root = yaml.compose(path.read_text(), Loader=ComposeLoader)
         services = next((v for k, v in root.value if k.value == "services"), None)
         for name, service in services.value if services else []:
             if name.value not in base:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.static import ascend_command as cmd
-from tests.static.test_ascend_image import PARSE
+from tests.helpers import ascend_command as cmd
+from tests.helpers.vllm_parser import PARSE
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "cuda-image"

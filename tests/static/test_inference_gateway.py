@@ -27,17 +27,7 @@ import pytest
 import yaml
 
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
-from tests.static.test_k8s import (
-    K8S,
-    REPO,
-    assert_valid,
-    container,
-    crd_validators,  # noqa: F401  (a fixture: the tests below take it by name)
-    discovered_overlays,
-    one,
-    pod_spec,
-    render,
-)
+from tests.helpers.k8s_manifests import K8S, REPO, assert_valid, container, discovered_overlays, one, pod_spec, render
 
 API_ROUTES = {path: route.label for path, route in RELAYED.items()}
 
@@ -134,7 +124,7 @@ def _component_only(objects: list[dict], overlay: str = "cpu") -> list[dict]:
 
 
 @pytest.mark.parametrize("overlay", discovered_overlays())
-def test_component_renders_on_every_overlay_and_validates(overlay, crd_validators):  # noqa: F811
+def test_component_renders_on_every_overlay_and_validates(overlay, crd_validators):
     objects = gateway_objects(overlay)
     keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), "an object rendered twice"
@@ -145,7 +135,7 @@ def test_component_renders_on_every_overlay_and_validates(overlay, crd_validator
     assert_valid(objects, crd_validators)
 
 
-def test_crd_validation_catches_a_misspelled_pool_field(crd_validators):  # noqa: F811
+def test_crd_validation_catches_a_misspelled_pool_field(crd_validators):
     pool = one(gateway_objects(), "InferencePool")
     validator = crd_validators[(pool["apiVersion"], "InferencePool")]
     assert not list(validator.iter_errors(pool))
@@ -714,7 +704,7 @@ def test_picker_pod_is_locked_down_and_pinned():
 UNVALIDATED_DOC_KINDS = {("networking.istio.io/v1", "DestinationRule")}
 
 
-def test_documented_examples_validate(crd_validators):  # noqa: F811
+def test_documented_examples_validate(crd_validators):
     text = DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
     objects = [doc for block in blocks for doc in yaml.safe_load_all(block) if isinstance(doc, dict) and "kind" in doc]

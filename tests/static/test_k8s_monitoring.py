@@ -18,8 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helpers.modules import load_module
-from tests.static.test_k8s import (
+from tests.helpers.k8s_manifests import (
     CORE_API_GROUPS,
     EXAMPLES,
     K8S,
@@ -29,17 +28,17 @@ from tests.static.test_k8s import (
     TARGET_IDS,
     TARGETS,
     CrdLoader,
-    _kubectl,
-    _strict,
     assert_valid,
-    crd_validators,  # noqa: F401  (a fixture: the tests below take it by name)
     load_crd,
+    need_kubectl,
     one,
     pod_spec,
     render,
     render_example,
     sidecar_listens,
+    strict_schema,
 )
+from tests.helpers.modules import load_module
 
 RULES_FILE = REPO / "monitoring" / "prometheus" / "rules" / "palmyra-alerts.yml"
 DASHBOARDS = REPO / "monitoring" / "grafana" / "dashboards"
@@ -507,7 +506,7 @@ CRDS = REPO / "tests" / "data" / "schemas" / "crds"
 
 
 def render_alertmanager_example() -> list[dict]:
-    _kubectl()
+    need_kubectl()
     result = subprocess.run(
         ["kubectl", "kustomize", str(ALERTMANAGER_EXAMPLE)], capture_output=True, text=True, timeout=120, check=False
     )
@@ -522,7 +521,7 @@ def child_route_validator() -> jsonschema.protocols.Validator:
     crd = load_crd(CRDS / "monitoring.coreos.com_alertmanagerconfigs.yaml")
     [version] = crd["spec"]["versions"]
     route = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["route"]
-    return jsonschema.Draft7Validator(_strict(route))
+    return jsonschema.Draft7Validator(strict_schema(route))
 
 
 def assert_child_routes_valid(route: dict, validator: jsonschema.protocols.Validator) -> None:
@@ -562,7 +561,7 @@ def assert_routes_as_compose_does(spec: dict, compose: dict) -> None:
     assert inhibit == compose["inhibit_rules"]
 
 
-def test_the_alertmanagerconfig_example_validates_and_routes_as_compose_does(crd_validators):  # noqa: F811
+def test_the_alertmanagerconfig_example_validates_and_routes_as_compose_does(crd_validators):
     objects = render_alertmanager_example()
     assert [o["kind"] for o in objects] == ["AlertmanagerConfig"]
     assert_valid(objects, crd_validators)  # strict: a field the API server would prune is an error
@@ -580,7 +579,7 @@ def test_the_alertmanagerconfig_example_validates_and_routes_as_compose_does(crd
         assert "AlertmanagerConfig" not in {o["kind"] for o in render(overlay, OPT_IN)}, overlay
 
 
-def test_the_alertmanagerconfig_checks_can_fail(crd_validators):  # noqa: F811
+def test_the_alertmanagerconfig_checks_can_fail(crd_validators):
     [good] = render_alertmanager_example()
     compose = yaml.safe_load(COMPOSE_ALERTMANAGER.read_text(encoding="utf-8"))
     typo = copy.deepcopy(good)

@@ -32,28 +32,30 @@ import yaml
 
 from palmyra_serve.sidecar.tenants import config as tenants_config
 from tests.helpers import deployed, kustomize
-from tests.static.test_containers_compose import (
+from tests.helpers.compose_files import (
     COMPOSE,
     COMPOSE_DIR,
     TEST_ENGINE_KEY,
-    _podman_compose_run,
     env_of,
     load,
+    podman_compose_run,
     volume_targets,
 )
-from tests.static.test_k8s import (
+from tests.helpers.k8s_manifests import (
     CORE_API_GROUPS,
     DNS_EGRESS,
     DOWNLOAD_EGRESS,
     K8S,
+    REDIS_EGRESS,
+    REDIS_PORT,
     REPO,
-    _env,
-    _kustomize,
     assert_policy_admits_only_the_sidecar,
     assert_valid,
     config_data,
     container,
-    crd_validators,  # noqa: F401  (a fixture: the tests below take it by name)
+    egress_of_the_replicas,
+    env_by_name,
+    kustomize_build,
     one,
     pod_spec,
     render,
@@ -64,7 +66,6 @@ EXAMPLE = COMPOSE_DIR / "tenants" / "tenants.example.yaml"
 REDIS = "quota-redis"
 SECRET = "quota-redis-password"
 TENANTS_DIR = "/etc/palmyra/tenants"  # where the sidecar sees compose/tenants/
-REDIS_PORT = 6379
 
 COMPONENT = "components/tenants"
 TLS = "components/tenants/tls"
@@ -72,7 +73,6 @@ COMPONENT_DIR = K8S / COMPONENT
 PASSWORD_SECRET = "palmyra-serve-quota-redis"
 CA_SECRET = "palmyra-serve-quota-redis-ca"
 TENANTS_CONFIGMAP = "palmyra-serve-tenants"
-REDIS_EGRESS = {(REDIS_PORT, "TCP")}
 
 
 # --- Compose ---------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_the_healthcheck_authenticates_from_the_file(services: dict[str, Any]) -
 
 def _resolved(*files: Path, profiles: str) -> dict[str, Any]:
     # As the docs run it: COMPOSE_PROFILES from the shell (with the engine's profile, cpu).
-    result = _podman_compose_run(
+    result = podman_compose_run(
         *files, profile="cpu", COMPOSE_PROFILES=profiles, PALMYRA_ENGINE_API_KEY=TEST_ENGINE_KEY
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -272,7 +272,7 @@ K8S_IDS = [name + "".join("+" + c.removeprefix("components/") for c in comps) fo
 
 
 @pytest.mark.parametrize(("overlay", "components"), K8S_TARGETS, ids=K8S_IDS)
-def test_the_component_renders_and_validates(overlay, components, crd_validators):  # noqa: F811
+def test_the_component_renders_and_validates(overlay, components, crd_validators):
     objects = render(overlay, components)
     assert_valid(objects, crd_validators)
     if "monitoring" not in components and "components/autoscaling-keda" not in components:
@@ -316,7 +316,7 @@ def test_the_sidecar_gets_the_tenants_file_and_the_redis_password_as_files(overl
     objects = render(overlay, components)
     spec, data = pod_spec(objects), config_data(objects)
     sidecar = container(spec, "sidecar")
-    env = {k: v["value"] for k, v in _env(sidecar).items() if "value" in v}
+    env = {k: v["value"] for k, v in env_by_name(sidecar).items() if "value" in v}
 
     # The tenants file: the ConfigMap, no hash suffix (an edit is re-read in place, no rollout).
     tenants_file = env["PALMYRA_TENANTS_FILE"]
@@ -361,25 +361,6 @@ def test_the_sidecar_gets_the_tenants_file_and_the_redis_password_as_files(overl
     assert not {"PALMYRA_TENANTS_FILE", "PALMYRA_QUOTA_REDIS_PASSWORD_FILE"} & set(data)
 
 
-def _selects(policy: dict, labels: dict) -> bool:
-    return policy["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
-
-
-def egress_of_the_replicas(objects: list[dict]) -> dict[tuple[int | str, str], list[dict]]:
-    """(port, protocol) -> the peers of each rule that lets the replicas' pods connect there, over
-    every NetworkPolicy that selects them and restricts their egress (policies add up)."""
-    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    out: dict[tuple[int | str, str], list[dict]] = {}
-    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
-        if not _selects(policy, labels) or "Egress" not in policy["spec"]["policyTypes"]:
-            continue
-        for rule in policy["spec"].get("egress", []):
-            assert rule.get("ports"), f"{policy['metadata']['name']}: a rule without ports opens every port"
-            for port in rule["ports"]:
-                out.setdefault((port["port"], port.get("protocol", "TCP")), []).append(rule.get("to", []))
-    return out
-
-
 def assert_redis_egress_only(objects: list[dict], others: set[tuple[int, str]]) -> None:
     egress = egress_of_the_replicas(objects)
     assert set(egress) == others | REDIS_EGRESS, f"egress admits {set(egress)}"
@@ -420,7 +401,7 @@ def test_the_redis_egress_check_can_fail():
         print(f"caught: {what}")
 
 
-def test_an_operator_overlay_replaces_the_tenants_file_and_the_redis_address(crd_validators):  # noqa: F811
+def test_an_operator_overlay_replaces_the_tenants_file_and_the_redis_address(crd_validators):
     """What k8s/README.md tells operators to write: patches in their own overlay (an overlay's own
     configMapGenerator runs before its components, so a merge there would lose to the component's)."""
     mine = "tenants:\n  - name: default\n    tokens_per_minute: 1000\n"
@@ -437,7 +418,7 @@ def test_an_operator_overlay_replaces_the_tenants_file_and_the_redis_address(crd
         doc = yaml.safe_load((stack / "kustomization.yaml").read_text())
         doc["patches"] = patches
         (stack / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-        objects = list(_kustomize(stack))
+        objects = list(kustomize_build(stack))
     assert_valid(objects, crd_validators)
     assert one(objects, "ConfigMap", TENANTS_CONFIGMAP)["data"]["tenants.yaml"] == mine
     assert config_data(objects)["PALMYRA_QUOTA_REDIS_URL"] == url

@@ -29,33 +29,26 @@ import pytest
 import yaml
 
 from tests.helpers import deployed, kustomize
-from tests.static.test_containers_compose import (
-    COMPOSE,
-    COMPOSE_DIR,
-    HOLDER,
-    _podman_compose_config,
-    env_of,
-    load,
-)
-from tests.static.test_k8s import (
+from tests.helpers.compose_files import COMPOSE, COMPOSE_DIR, HOLDER, env_of, load, podman_compose_config
+from tests.helpers.k8s_manifests import (
     CORE_API_GROUPS,
     DNS_EGRESS,
     DOWNLOAD_EGRESS,
     K8S,
+    REDIS_EGRESS,
     REMOTE,
     REPO,
-    _env,
-    _kustomize,
     assert_policy_admits_only_the_sidecar,
     assert_valid,
     config_data,
     container,
-    crd_validators,  # noqa: F401  (a fixture: the tests below take it by name)
+    egress_of_the_replicas,
+    env_by_name,
+    kustomize_build,
     one,
     pod_spec,
     render,
 )
-from tests.static.test_tenants_deploy import REDIS_EGRESS, egress_of_the_replicas
 
 ENDPOINT = "PALMYRA_OTLP_TRACES_ENDPOINT"
 RATIO = "PALMYRA_TRACE_SAMPLE_RATIO"
@@ -87,7 +80,7 @@ def assert_otlp_http_url(url: str) -> Any:
 
 
 def _resolved(*files: Path, profile: str) -> dict[str, Any]:
-    return _podman_compose_config(*files, profile=profile)["services"]
+    return podman_compose_config(*files, profile=profile)["services"]
 
 
 def _settings(service: dict[str, Any]):
@@ -211,7 +204,7 @@ def _other_egress(components: tuple[str, ...]) -> set[tuple[int, str]]:
 
 
 @pytest.mark.parametrize(("overlay", "components"), K8S_TARGETS, ids=K8S_IDS)
-def test_the_component_renders_and_validates(overlay, components, crd_validators):  # noqa: F811
+def test_the_component_renders_and_validates(overlay, components, crd_validators):
     objects = render(overlay, components)
     assert_valid(objects, crd_validators)
     if "monitoring" not in components and "components/autoscaling-keda" not in components:
@@ -233,7 +226,7 @@ def test_both_containers_read_the_settings_from_the_configmap(overlay, component
         c = container(spec, name)
         assert {"configMapRef": {"name": configmap["metadata"]["name"]}} in c["envFrom"], name
         # An env entry would win over envFrom: neither container overrides the two.
-        assert not {ENDPOINT, RATIO} & set(_env(c)), name
+        assert not {ENDPOINT, RATIO} & set(env_by_name(c)), name
         # As the process reads it: the real Settings class, from the ConfigMap, its env and its args.
         settings = deployed.sidecar_settings(data, {**c, "command": c.get("command") or c["args"]})
         assert settings.otlp_traces_endpoint == data[ENDPOINT], name
@@ -309,7 +302,7 @@ def _doc_example_overlay() -> dict:
     return yaml.safe_load(block)
 
 
-def test_the_documented_overlay_points_the_component_at_another_collector(crd_validators):  # noqa: F811
+def test_the_documented_overlay_points_the_component_at_another_collector(crd_validators):
     """What docs/tracing.md tells operators to write: the ConfigMap's URL and the policy's selectors
     patched in their own overlay, its remote URL pointed at this checkout."""
     doc = _doc_example_overlay()
@@ -321,7 +314,7 @@ def test_the_documented_overlay_points_the_component_at_another_collector(crd_va
         kustomization = yaml.safe_load((stack / "kustomization.yaml").read_text())
         kustomization["patches"] = doc["patches"]
         (stack / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        objects = list(_kustomize(stack))
+        objects = list(kustomize_build(stack))
     assert_valid(objects, crd_validators)
     data = config_data(objects)
     assert data[ENDPOINT] != config_data(render("cpu", (COMPONENT,)))[ENDPOINT], "the patch took"

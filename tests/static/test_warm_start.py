@@ -11,10 +11,9 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from tests.static.test_autoscaling import hpa, scaledobject
-from tests.static.test_containers import parse_dockerfile
-from tests.static.test_containers_compose import COMPOSE, env_of, load, volume_targets
-from tests.static.test_k8s import OVERLAYS, REPO, container, pod_spec, render
+from tests.helpers.compose_files import COMPOSE, env_of, load, volume_targets
+from tests.helpers.dockerfile import parse_dockerfile
+from tests.helpers.k8s_manifests import OVERLAYS, REPO, container, hpa, pod_spec, render, scaledobject
 
 # What a restart reuses (benchmarks/results/startup.md): vLLM's cache (model info; its AOT compile
 # cache where that loads back), inductor's compiled kernels, Triton's, and the temp directory,

@@ -11,7 +11,7 @@ import pytest
 from palmyra_serve.engine import launcher
 from palmyra_serve.engine.launcher import EngineCommand, build_command
 from palmyra_serve.settings import Settings
-from tests.conftest import DATA
+from tests.helpers.paths import DATA
 
 
 def flag(argv: list[str], name: str) -> str:

@@ -19,7 +19,7 @@ What upstream's images ARE comes from the files vendored unmodified in tests/dat
   `ascend` RuntimeClass of HAMi's ascend-device-plugin (the deployment checks read those).
 
 Every parser takes the folder it reads (default: the vendored one), so a check can be run against a
-deliberately altered copy and shown to fail. tests/static/ascend_upstream_v0.18.0.json keeps only
+deliberately altered copy and shown to fail. tests/helpers/ascend_upstream_v0.18.0.json keeps only
 what no vendored file states (its `_about` says why each entry is there).
 
 The Python set: everything comes from the index the user's tools use (pip's default, or

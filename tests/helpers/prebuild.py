@@ -2,7 +2,7 @@
 while the tiers that start no engine run, so the tier's own build (tests/container/conftest.py,
 the same steps) comes from podman's layer cache.
 
-    python -m tests.container.prebuild LOG_DIR
+    python -m tests.helpers.prebuild LOG_DIR
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-from tests.container.podman_helpers import PODMAN_DIR, build_images
+from tests.helpers.podman import PODMAN_DIR, build_images
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.container.prebuild LOG_DIR", file=sys.stderr)
+        print("usage: python -m tests.helpers.prebuild LOG_DIR", file=sys.stderr)
         return 2
     # The same podman configuration as the tier's (runc, lowered ulimits): see conftest.py.
     os.environ["CONTAINERS_CONF"] = str(PODMAN_DIR / "containers.conf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import subprocess
@@ -136,3 +137,24 @@ def completion(base_url: str, max_tokens: int = 8, api_key: str | None = None) -
         timeout=120,
         api_key=api_key,
     )
+
+
+def _proc_net_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as /proc/net/tcp{,6} prints it: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(words)
+
+
+def listening_addresses(container: str, port: int) -> set[str]:
+    """Addresses with a TCP listener on `port` in the container's network namespace."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        out = podman("exec", container, "cat", table, check=False).stdout
+        for line in out.splitlines()[1:]:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            addr, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(str(_proc_net_address(addr)))
+    return found
