@@ -24,17 +24,44 @@ def _sse(n_tokens: int) -> bytes:
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
+ENGINE_GAP_S = 0.001  # the inter-token gap the fake engine's histogram records
+
+
 class FakeEndpoint:
+    """A sidecar in front of an engine: completions, /v1/models, and /engine/metrics whose TTFT and
+    inter-token histograms grow as a vLLM engine's do (one TTFT per request, one gap per later token)."""
+
     def __init__(self, max_model_len: int = 2048, fail_streams: bool = False):
         self.max_model_len = max_model_len
         self.fail_streams = fail_streams
         self.bodies: list[dict] = []
+        self.ttft = [0.0, 0]  # sum, count
+        self.gaps = [0.0, 0]
+
+    def metrics_page(self) -> str:
+        lines = []
+        for family, (total, count) in (
+            ("vllm:time_to_first_token_seconds", self.ttft),
+            ("vllm:inter_token_latency_seconds", self.gaps),
+        ):
+            labels = '{engine="0",model_name="palmyra-mini"}'
+            lines += [f"# TYPE {family} histogram", f"{family}_sum{labels} {total}", f"{family}_count{labels} {count}"]
+        return "\n".join(lines) + "\n"
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "palmyra-mini", "max_model_len": self.max_model_len}]})
+        if request.url.path == "/engine/metrics":
+            return httpx.Response(200, text=self.metrics_page())
+        if request.method == "GET":  # /version, /metrics: the sidecar relays neither
+            return httpx.Response(404, json={"error": {"message": "not found"}})
         body = json.loads(request.content)
         self.bodies.append(body)
+        self.ttft[0] += DELAY_S
+        self.ttft[1] += 1
+        if body["stream"]:
+            self.gaps[0] += ENGINE_GAP_S * (body["max_tokens"] - 1)
+            self.gaps[1] += body["max_tokens"] - 1
         await asyncio.sleep(DELAY_S)
         if not body["stream"]:
             return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
@@ -120,6 +147,24 @@ def test_run_writes_seed_shaped_report_json_and_plots(tmp_path: Path, fake: Fake
     md = (out / "report.md").read_text()
     for heading in ("5.1 Prefill latency", "5.2 Decode latency", "5.3 Time to first token", "5.4 Throughput"):
         assert heading in md
+    # The engine's histograms over the same requests: one TTFT per measured request, one gap per
+    # later token of a streamed one; the client's TTFT includes the engine's (DELAY_S) and more.
+    cross = doc["engine_cross_check"]
+    assert cross["path"] == "/engine/metrics"
+    sequential, concurrent = cross["phases"]
+    assert sequential["engine"]["ttft_count"] == sequential["client"]["requests"] == 12
+    assert sequential["engine"]["inter_token_count"] == 6 * 7
+    assert sequential["engine"]["ttft_mean_s"] == pytest.approx(DELAY_S)
+    assert sequential["engine"]["inter_token_mean_s"] == pytest.approx(ENGINE_GAP_S)
+    assert sequential["ratio"]["ttft"] >= 1.0
+    assert concurrent["engine"]["ttft_count"] == concurrent["client"]["requests"] == 10
+    assert "Client against the engine's own histograms" in md and "/engine/metrics" in md
+    # What it ran on, and the reference's scaling beside this run's (not measured: no 16 streams).
+    env = doc["environment"]
+    assert env["engine_version"] is None and env["mode"] in ("eager", "graph") and env["dtype"]
+    assert env["devices"]["kind"] in ("cpu", "cuda", "npu") and env["devices"]["count"] >= 1
+    assert "## Measured on" in md and "14.05×" in md
+    assert doc["scaling"]["speedup"] is None and doc["scaling"]["reference"]["speedup"] == 14.05
     for png in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

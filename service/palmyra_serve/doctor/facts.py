@@ -6,6 +6,15 @@ from __future__ import annotations
 # The driver's own record of its version (vllm-ascend's `docker run` mounts it into the container).
 DRIVER_VERSION_FILE = "usr/local/Ascend/driver/version.info"
 
+# Where an installed CANN toolkit records its version (a `version=` line), newest layout first:
+# CANN 8.5's /usr/local/Ascend/cann/<arch>-linux, its versioned directory, and the older
+# ascend-toolkit/latest tree (CANN's installation guides: "cat .../ascend_toolkit_install.info").
+CANN_INSTALL_INFO = (
+    "usr/local/Ascend/cann/{arch}-linux/ascend_toolkit_install.info",
+    "usr/local/Ascend/cann-*/{arch}-linux/ascend_toolkit_install.info",
+    "usr/local/Ascend/ascend-toolkit/latest/{arch}-linux/ascend_toolkit_install.info",
+)
+
 # The CANN the engine image carries (vllm-ascend v0.18.0's image, docs/source/installation.md).
 CANN_VERSION = "8.5.1"
 

@@ -73,6 +73,28 @@ def _version(text: str) -> str | None:
     return None
 
 
+def driver_version(root: str = "/") -> str | None:
+    """The Ascend driver's version from its version.info; None where there is none."""
+    try:
+        return _version((Path(root) / facts.DRIVER_VERSION_FILE).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def cann_version(root: str = "/", machine: str | None = None) -> str | None:
+    """The installed CANN toolkit's version (facts.CANN_INSTALL_INFO); None where none is installed."""
+    arch = machine or platform.machine()
+    for pattern in facts.CANN_INSTALL_INFO:
+        for path in sorted(Path(root).glob(pattern.format(arch=arch)), reverse=True):
+            try:
+                found = _version(path.read_text(errors="replace"))
+            except OSError:
+                continue
+            if found:
+                return found
+    return None
+
+
 def _account(root: Path, name: str) -> Account | None:
     try:
         lines = (root / "etc/passwd").read_text(errors="replace").splitlines()

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     import httpx
 
 SCHEMA = "palmyra-bench/1"
+# The reference adaptation's one scaling figure (its table's numbers did not survive, this did):
+# batch sizes 1 and 16 on one 910B in bf16, throughput 14.05x, against an ideal of 16x.
+REFERENCE_SCALING = {"from": 1, "to": 16, "speedup": 14.05, "efficiency": 0.878, "on": "Ascend 910B x 1, bf16"}
 _T = TypeVar("_T")  # what a guarded request returns
 
 
@@ -92,6 +95,22 @@ def plan(input_lengths: list[int], output_tokens: int, max_model_len: int) -> li
     if cap < 1:
         raise ValueError(f"output tokens {output_tokens} leave no room in max_model_len {max_model_len}")
     return sorted({min(n, cap) for n in input_lengths})
+
+
+def scaling_against_reference(throughput: list[dict]) -> dict:
+    """Throughput at 16 streams over throughput at 1 (p50s) and that over 16: the reference's own
+    arithmetic, beside its figure; None where --concurrency left out 1 or 16."""
+    p50 = {r["concurrency"]: r["tokens_per_s"]["p50"] for r in throughput if r["tokens_per_s"]["n"]}
+    lo, hi = REFERENCE_SCALING["from"], REFERENCE_SCALING["to"]
+    measured = lo in p50 and hi in p50 and p50[lo] > 0
+    speedup = p50[hi] / p50[lo] if measured else None
+    return {
+        "from": lo,
+        "to": hi,
+        "speedup": speedup,
+        "efficiency": speedup / hi if speedup is not None else None,
+        "reference": REFERENCE_SCALING,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,13 +186,53 @@ def make_client(args: argparse.Namespace, max_concurrency: int) -> httpx.AsyncCl
     )
 
 
+async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
+    import httpx
+
+    try:
+        return await client.get(path)
+    except httpx.HTTPError:
+        return None
+
+
+async def served_version(client: httpx.AsyncClient) -> str | None:
+    """vLLM's own /version: answered by the bare engine; the sidecar does not relay it."""
+    r = await _get(client, "/version")
+    try:
+        return str(r.json()["version"]) if r is not None and r.status_code == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class EngineScrapes:
+    """The engine's metrics page, read between bench's phases (engine_metrics.py)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.path: str | None = None
+        self.tried = False
+
+    async def read(self) -> dict[str, tuple[float, float]] | None:
+        from palmyra_serve.tools import engine_metrics
+
+        paths = [self.path] if self.path else ([] if self.tried else list(engine_metrics.PATHS))
+        self.tried = True
+        for path in paths:
+            r = await _get(self.client, path)
+            found = engine_metrics.sums(r.text) if r is not None and r.status_code == 200 else {}
+            if found:
+                self.path = path
+                return found
+        return None
+
+
 async def _bench(args: argparse.Namespace) -> dict:
     import asyncio
 
     import httpx
     from tqdm import tqdm
 
-    from palmyra_serve.tools import stats
+    from palmyra_serve.tools import engine_metrics, environment, stats
     from palmyra_serve.tools.endpoint import check_response, parse_models
     from palmyra_serve.tools.loadgen import prefill_once, stream_once
     from palmyra_serve.tools.prompts import RandomPrompts
@@ -207,6 +266,11 @@ async def _bench(args: argparse.Namespace) -> dict:
             await guarded(stream_once(client, args.model, prompts.take(lengths[0]), out_tok))
         errors.clear()  # a cold engine may time out on warm-up; only measured requests count
 
+        scrapes = EngineScrapes(client)
+        engine_before = await scrapes.read()
+        phases: list[dict] = []
+        seq_ttft: list[float] = []  # what the engine's TTFT histogram saw in this phase, from the client
+        seq_gaps: list[float] = []
         prefill, ttft, decode = [], [], []
         for n in lengths:
             lat, first, per_tok = [], [], []
@@ -215,15 +279,24 @@ async def _bench(args: argparse.Namespace) -> dict:
                 t = await guarded(prefill_once(client, args.model, prompts.take(n)))
                 if t is not None:
                     lat.append(t)
+                    seq_ttft.append(t)
                 s = await guarded(stream_once(client, args.model, prompts.take(n), out_tok))
                 if s is not None:
                     first.append(s.ttft)
+                    seq_ttft.append(s.ttft)
                     if s.per_token is not None:
                         per_tok.append(s.per_token)
+                        seq_gaps.append(s.per_token)
             prefill.append({"input_tokens": n, "latency_s": stats.summarize(lat), "samples": lat})
             ttft.append({"input_tokens": n, "ttft_s": stats.summarize(first), "samples": first})
             decode.append({"input_tokens": n, "per_token_s": stats.summarize(per_tok), "samples": per_tok})
 
+        engine_mid = await scrapes.read()
+        if engine_before and engine_mid:
+            window = engine_metrics.window(engine_before, engine_mid)
+            phases.append(engine_metrics.cross_check("5.1-5.3, one request at a time", seq_ttft, seq_gaps, window))
+        conc_ttft: list[float] = []
+        conc_gaps: list[float] = []
         loop = asyncio.get_running_loop()
         throughput = []
         for c in conc:
@@ -238,6 +311,8 @@ async def _bench(args: argparse.Namespace) -> dict:
                 if len(done) == c and wall > 0:
                     rates.append(sum(s.tokens for s in done) / wall)
                 req_lat += [s.e2e for s in done]
+                conc_ttft += [s.ttft for s in done]
+                conc_gaps += [s.per_token for s in done if s.per_token is not None]
             throughput.append(
                 {
                     "concurrency": c,
@@ -246,13 +321,23 @@ async def _bench(args: argparse.Namespace) -> dict:
                     "request_latency_s": stats.summarize(req_lat),
                 }
             )
+        engine_after = await scrapes.read()
+        if engine_mid and engine_after:
+            window = engine_metrics.window(engine_mid, engine_after)
+            name = f"5.4, {min(conc)}-{max(conc)} streams"
+            phases.append(engine_metrics.cross_check(name, conc_ttft, conc_gaps, window))
+        version = await served_version(client)
         bar.close()
 
     scale = stats.scaling({r["concurrency"]: r["tokens_per_s"]["p50"] for r in throughput if r["tokens_per_s"]["n"]})
     for row in throughput:
         row.update(scale.get(row["concurrency"], {"speedup": float("nan"), "efficiency": float("nan")}))
+    cross = {"path": scrapes.path, "phases": phases}
+    if not phases:
+        cross["unavailable"] = f"no {engine_metrics.TTFT} on {' or '.join(engine_metrics.PATHS)} of {args.base_url}"
     return {
         "schema": SCHEMA,
+        "environment": environment.describe(args.base_url, version),
         "meta": {
             "base_url": args.base_url,
             "model": info.id,
@@ -272,6 +357,8 @@ async def _bench(args: argparse.Namespace) -> dict:
         "ttft": ttft,
         "decode": decode,
         "throughput": throughput,
+        "scaling": scaling_against_reference(throughput),
+        "engine_cross_check": cross,
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
     }

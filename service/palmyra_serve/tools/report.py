@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from palmyra_serve.tools import engine_metrics, environment
+
 SEED_SCALING = "reference adaptation (Ascend 910B x 1, bf16): 14.05x from 1 to 16 streams, 87.8% efficiency"
 
 
@@ -48,6 +50,8 @@ def validate_markdown(doc: dict) -> str:
             "only `suspicious` indicates a fault.",
             "",
         ]
+    if doc.get("environment"):
+        lines += environment.markdown(doc["environment"])
     lines += ["## Per prompt", ""]
     rows = []
     for i, p in enumerate(doc["prompts"], start=1):
@@ -142,6 +146,8 @@ def bench_markdown(doc: dict) -> str:
         f"{m['output_tokens']} output tokens (`ignore_eos`); random token-id prompts (seed {m['seed']}).",
         "",
     ]
+    if doc.get("environment"):
+        lines += environment.markdown(doc["environment"])
     lines += [
         "## 5.1 Prefill latency",
         "",
@@ -224,10 +230,27 @@ def bench_markdown(doc: dict) -> str:
             for r in doc["throughput"]
         ],
     )
+    if doc.get("scaling"):
+        lines += ["", scaling_line(doc["scaling"])]
+    if "engine_cross_check" in doc:
+        lines += ["", *engine_metrics.markdown(doc["engine_cross_check"])]
     if doc.get("errors"):
         lines += ["", f"**{doc['errors']} request(s) failed**; first: {doc.get('first_error')}"]
     lines.append("")
     return "\n".join(lines)
+
+
+def scaling_line(sc: dict) -> str:
+    ref = sc["reference"]
+    theirs = f"the reference adaptation: **{ref['speedup']:.2f}×** ({ref['efficiency']:.1%}, {ref['on']})"
+    if sc.get("speedup") is None:
+        return (
+            f"Scaling from {sc['from']} to {sc['to']} streams: not measured here (--concurrency needs both); {theirs}."
+        )
+    return (
+        f"Scaling from {sc['from']} to {sc['to']} streams (throughput at {sc['to']} / throughput at {sc['from']}, "
+        f"efficiency = that / {sc['to']}): this run **{sc['speedup']:.2f}×** ({sc['efficiency']:.1%}); {theirs}."
+    )
 
 
 # ---------------------------------------------------------------- compare

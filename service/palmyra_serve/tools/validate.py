@@ -128,13 +128,24 @@ def run_quick(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def served_version(client: httpx.Client) -> str | None:
+    """vLLM's own /version: answered by the bare engine; the sidecar does not relay it."""
+    import httpx
+
+    try:
+        r = client.get("/version")
+        return str(r.json()["version"]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         return run_quick(args)
     if not args.model_dir:
         print("error: --model-dir is required (the checkpoint the reference runs); or use --quick", file=sys.stderr)
         return 2
-    from palmyra_serve.tools import accuracy, report
+    from palmyra_serve.tools import accuracy, environment, report
     from palmyra_serve.tools.endpoint import EndpointError
     from palmyra_serve.tools.prompts import VALIDATE_PROMPTS
     from palmyra_serve.tools.reference import Model
@@ -150,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     ref_model = Model(args.model_dir)
     results = []
     with _client(args) as client:
+        version = served_version(client)
         for name, text in VALIDATE_PROMPTS:
             ids = ref_model.encode(text)
             try:
@@ -168,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {
         "schema": "palmyra-validate/1",
         "endpoint": args.base_url,
+        "environment": environment.describe(args.base_url, version),
         "model": args.model,
         "model_dir": str(args.model_dir),
         "stand_in": stand_in,
