@@ -8,7 +8,8 @@ from the code.
 Only the text between `<!-- BEGIN GENERATED name -->` and `<!-- END GENERATED name -->` (in YAML:
 `# BEGIN GENERATED name` and `# END GENERATED name`) is rewritten; the hand-written prose around
 it survives. Sources of truth:
-- settings: palmyra_serve.settings.Settings.model_fields (env var PALMYRA_<FIELD>)
+- settings: palmyra_serve.settings.Settings.model_fields (env var PALMYRA_<FIELD>), the basics first,
+  then by group (palmyra_serve.settings.GROUPS)
 - CLI: palmyra_serve.cli.build_parser(), every subcommand and option
 - engine command: palmyra_serve.engine.launcher.build_command() with default settings, per platform
 - sidecar metrics: a fresh SidecarMetrics registry, walked with collect()
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import os
 import re
 import sys
@@ -36,7 +38,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from palmyra_serve.cli import build_parser
 from palmyra_serve.engine.launcher import PLATFORMS, build_command
-from palmyra_serve.settings import Settings
+from palmyra_serve.settings import GROUPS, Settings, basics
 from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics, tenant_families
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,10 +130,10 @@ def flags_by_dest(parser: argparse.ArgumentParser) -> dict[str, list[tuple[str, 
     return out
 
 
-def settings_table() -> str:
-    flags = flags_by_dest(build_parser())
+def settings_rows(names: list[str], flags: dict[str, list[tuple[str, str]]]) -> list[str]:
     rows = ["| Variable | Type | Default | Flag | Meaning |", "|---|---|---|---|---|"]
-    for name, field in Settings.model_fields.items():
+    for name in names:
+        field = Settings.model_fields[name]
         by_flag: dict[str, list[str]] = {}
         for flag, command in flags.get(name, []):
             by_flag.setdefault(flag, []).append(command)
@@ -150,7 +152,36 @@ def settings_table() -> str:
             )
             + " |"
         )
-    return "\n".join(rows) + "\n"
+    return rows
+
+
+def group_heading(group: type) -> tuple[str, str]:
+    """(title, one-sentence introduction) from a group's docstring, "Title: what it holds."."""
+    title, _, intro = " ".join(inspect.cleandoc(group.__doc__ or "").split()).partition(": ")
+    assert title and intro, f"{group.__name__}: its docstring reads 'Title: what the group holds.'"
+    return title, intro[:1].upper() + intro[1:]
+
+
+def settings_table() -> str:
+    """The basics first (the few settings every operator sets), then each group's tuning knobs: every
+    setting in exactly one table."""
+    flags = flags_by_dest(build_parser())
+    basic = basics()
+    out = [
+        "### Basics",
+        "",
+        "What nearly every deployment sets: the model and its name, the device, the context length, "
+        "the keys and tenants, the ports. Everything else is tuning whose default serves most deployments, "
+        "below by group.",
+        "",
+        *settings_rows(basic, flags),
+    ]
+    for group in GROUPS:
+        title, intro = group_heading(group)
+        names = [name for name in group.model_fields if name not in basic]
+        if names:
+            out += ["", f"### {title}", "", intro, "", *settings_rows(names, flags)]
+    return "\n".join(out) + "\n"
 
 
 # --- CLI --------------------------------------------------------------------------------------

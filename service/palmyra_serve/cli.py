@@ -65,7 +65,7 @@ def _examples(name: str) -> str:
 
 
 def _choices(field: str) -> list[str]:
-    """A flag's choices are its Settings field's Literal values: one list, in settings.py."""
+    """A flag's choices are its Settings field's Literal values: one list, in palmyra_serve.settings."""
     values = get_args(Settings.model_fields[field].annotation)
     assert values, f"Settings.{field} is not a Literal"
     return list(values)

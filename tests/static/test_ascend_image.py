@@ -347,13 +347,16 @@ def test_project_additions_move_no_upstream_pin(arch: str) -> None:
 
 # The launcher's path in the engine image: `palmyra-serve engine` / `fetch-model`. Every import in
 # these modules counts (also the lazy ones: the hub clients); only module-level ones elsewhere.
-LAUNCHER_MODULES_ALL = ("settings.py", "logs.py", "engine/launcher.py", "model/resolve.py")
+LAUNCHER_MODULES_ALL = ("settings", "logs.py", "engine/launcher.py", "model/resolve.py")
 LAUNCHER_MODULES_TOP = ("__init__.py", "cli.py", "model/stand_in.py", "model/tokenizer.py")
 
 
 def _imports(path: Path, nested: bool) -> set[str]:
+    """The top-level names `path` imports (a package directory: its modules')."""
     import ast
 
+    if path.is_dir():
+        return set().union(*(_imports(module, nested) for module in sorted(path.glob("*.py"))))
     tree = ast.parse(path.read_text())
     nodes = ast.walk(tree) if nested else iter(tree.body)
     out = set()

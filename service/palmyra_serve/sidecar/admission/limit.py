@@ -82,8 +82,8 @@ that passes. `max_queue` stays a hard cap ("queue_full"). Every refusal carries
 Retry-After = clamp(ceil(W - max_wait), 1, retry_after_max_s) seconds: the time the queue needs, at
 mu, to drain to where a newcomer is admissible again (1 s before the first measurement).
 
-The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings.py and
-docs/admission.md; admission/control.py's build_admission() maps them.
+The settings that feed LimitConfig (PALMYRA_ADMISSION_*, PALMYRA_SLO_*) are in settings/admission.py
+and docs/admission.md; admission/control.py's build_admission() maps them.
 Nothing here does I/O or touches asyncio: admission/adaptive.py owns the waiters and calls these methods;
 the clock is injected so the tests drive time.
 """
