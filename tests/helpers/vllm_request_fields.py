@@ -19,6 +19,8 @@ MODELS = {
     "/tokenize#completion": "vllm.entrypoints.serve.tokenize.protocol:TokenizeCompletionRequest",
     "/tokenize#chat": "vllm.entrypoints.serve.tokenize.protocol:TokenizeChatRequest",
     "/detokenize": "vllm.entrypoints.serve.tokenize.protocol:DetokenizeRequest",
+    "/v1/responses": "vllm.entrypoints.openai.responses.protocol:ResponsesRequest",
+    "/v1/messages": "vllm.entrypoints.anthropic.protocol:AnthropicMessagesRequest",
 }
 
 

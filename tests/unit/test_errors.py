@@ -108,6 +108,8 @@ def test_a_fresh_metrics_page_has_every_reason_kind_and_route_in_order() -> None
     assert _series(page, "palmyra_output_tokens_total", "route") == [
         "completions",
         "chat_completions",
+        "responses",
+        "messages",
         "models",
         "tokenize",
         "other",

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from palmyra_serve.sidecar.admission.limit import AdaptiveLimit, LimitConfig
 from palmyra_serve.sidecar.relay.sse import SseAccount
+from palmyra_serve.sidecar.routes import Api
 from palmyra_serve.sidecar.tenants.reservation import demand
 from tests.helpers.clock import FakeClock
 
@@ -40,7 +41,7 @@ def test_reservation_covers_the_forced_generation(max_tokens, min_tokens, ignore
     }
     if max_tokens is not None:
         payload["max_tokens"] = spell(max_tokens)
-    reserved = demand(payload, False, 256, CAP).completion_tokens
+    reserved = demand(payload, Api.COMPLETIONS, 256, CAP).completion_tokens
     # The engine generates at least min_tokens per sequence, and with ignore_eos up to max_tokens
     # (or the cap when none is set): never more than the reservation.
     forced = max(min_tokens, (max_tokens if max_tokens is not None else CAP) if ignore_eos else 0)

@@ -9,13 +9,14 @@ import pytest
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.policy.cost import CostLimits, check
 from palmyra_serve.sidecar.policy.lax import as_int
+from palmyra_serve.sidecar.routes import Api
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 
 
 def refusal(payload: object, chat: bool = False) -> errors.ApiError | None:
     try:
-        check(payload, LIMITS, chat)
+        check(payload, LIMITS, Api.CHAT if chat else Api.COMPLETIONS)
     except errors.ApiError as exc:
         return exc
     return None

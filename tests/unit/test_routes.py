@@ -10,5 +10,5 @@ def test_relayed_routes_are_exact_paths_apart_from_the_control_app():
     for path, route in RELAYED.items():
         assert route.target == path.encode() and path not in CONTROL_PATHS
         assert route.methods and all(m.isupper() for m in route.methods)
-    for path in ("/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations"):
+    for path in ("/v1/chat/completions/batch", "/v1/responses/resp_1", "/v1/messages/count_tokens", "/invocations"):
         assert path not in RELAYED and path not in CONTROL_PATHS

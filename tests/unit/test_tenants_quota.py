@@ -12,6 +12,7 @@ import pytest
 
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.relay.usage_event import UsageEventFilter
+from palmyra_serve.sidecar.routes import Api
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import LocalStore, Quotas, duration
 from palmyra_serve.sidecar.tenants.reservation import demand
@@ -160,26 +161,26 @@ def test_reset_durations_read_as_openais(seconds, text):
 
 
 def test_the_reservation_estimates_prompts_and_reserves_max_tokens_per_sequence():
-    assert demand({"prompt": "abcdefgh", "max_tokens": 10}, False, 256, 8192).tokens == 2 + 10
-    assert demand({"prompt": [1, 2, 3]}, False, 256, 8192).tokens == 3 + 256
-    assert demand({"prompt": ["abcd", "abcd"], "max_tokens": 5, "n": 2}, False, 256, 8192).tokens == 2 + 20
+    assert demand({"prompt": "abcdefgh", "max_tokens": 10}, Api.COMPLETIONS, 256, 8192).tokens == 2 + 10
+    assert demand({"prompt": [1, 2, 3]}, Api.COMPLETIONS, 256, 8192).tokens == 3 + 256
+    assert demand({"prompt": ["abcd", "abcd"], "max_tokens": 5, "n": 2}, Api.COMPLETIONS, 256, 8192).tokens == 2 + 20
     chat = {"messages": [{"role": "user", "content": "abcdefgh"}], "max_completion_tokens": 7, "max_tokens": 99}
-    assert demand(chat, True, 256, 8192).tokens == 4 + 2 + 7
+    assert demand(chat, Api.CHAT, 256, 8192).tokens == 4 + 2 + 7
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}]}], "max_tokens": "3"}
-    assert demand(parts, True, 256, 8192).tokens == 4 + 1 + 3
+    assert demand(parts, Api.CHAT, 256, 8192).tokens == 4 + 1 + 3
 
 
 def test_the_reservation_covers_what_forces_generation():
     """Attack: ten streams with min_tokens 1500 and no max_tokens each reserved ~262 tokens and
     generated 20,283 tokens in 48 s against 3000 a minute."""
     chat = {"messages": [{"role": "user", "content": "abcd"}]}
-    assert demand({**chat, "min_tokens": 1500}, True, 256, 8192).completion_tokens == 1500
-    assert demand({**chat, "min_tokens": "1500"}, True, 256, 8192).completion_tokens == 1500
-    assert demand({**chat, "ignore_eos": "true"}, True, 256, 8192).completion_tokens == 8192
-    assert demand({**chat, "ignore_eos": True, "max_tokens": 10}, True, 256, 8192).completion_tokens == 10
-    assert demand({**chat, "n": 3, "min_tokens": 300}, True, 256, 8192).completion_tokens == 900
+    assert demand({**chat, "min_tokens": 1500}, Api.CHAT, 256, 8192).completion_tokens == 1500
+    assert demand({**chat, "min_tokens": "1500"}, Api.CHAT, 256, 8192).completion_tokens == 1500
+    assert demand({**chat, "ignore_eos": "true"}, Api.CHAT, 256, 8192).completion_tokens == 8192
+    assert demand({**chat, "ignore_eos": True, "max_tokens": 10}, Api.CHAT, 256, 8192).completion_tokens == 10
+    assert demand({**chat, "n": 3, "min_tokens": 300}, Api.CHAT, 256, 8192).completion_tokens == 900
     # tools and documents the template renders count into the prompt
-    assert demand(chat, True, 256, 8192, extra_prompt_bytes=400).prompt_tokens == 4 + 1 + 100
+    assert demand(chat, Api.CHAT, 256, 8192, extra_prompt_bytes=400).prompt_tokens == 4 + 1 + 100
 
 
 USAGE = (

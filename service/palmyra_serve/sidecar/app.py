@@ -32,7 +32,7 @@ from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_heal
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
-from palmyra_serve.sidecar.relay.auth import ApiKeys, validate_engine_key
+from palmyra_serve.sidecar.relay.auth import ApiKeys, credential, validate_engine_key
 from palmyra_serve.sidecar.relay.handler import Relay
 from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.tenants.wiring import build_quotas
@@ -151,8 +151,10 @@ class SidecarApp:
         await self.control(scope, receive, send)
 
     def _keyed(self, scope: dict) -> bool:
-        auth = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-        return self.relay.keys.check(auth)
+        headers = scope["headers"]
+        auth = next((value for name, value in headers if name == b"authorization"), None)
+        api_key = next((value for name, value in headers if name == b"x-api-key"), None)
+        return self.relay.keys.check(credential(auth, api_key))
 
 
 def _scope_server_port(scope: Mapping[str, Any]) -> int | None:

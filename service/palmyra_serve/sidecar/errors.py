@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: the one place that maps a failure to a status, a body and headers.
+"""OpenAI-shaped errors: the one place that maps a failure to a status, a body and headers (in
+the route's own API shape where it speaks another: error_shapes.py).
 
 Upstream error bodies are relayed unchanged by the proxy; everything here is an error the sidecar
 itself decides (its own rejections, or an engine it cannot talk to). Every code it can send is a
@@ -14,6 +15,9 @@ from enum import Enum, StrEnum
 from typing import Any, Self
 
 import orjson
+
+from palmyra_serve.sidecar import error_shapes
+from palmyra_serve.sidecar.routes import Api
 
 
 class Family(Enum):
@@ -135,15 +139,28 @@ class ApiError(Exception):
         out.extend(self.extra_headers)
         return out
 
-    def sse_event(self) -> bytes:
+    def body_for(self, api: Api | None, request_id: str | None) -> bytes:
+        """The body in the shape of the route's API."""
+        if api is Api.MESSAGES:
+            return error_shapes.anthropic_body(self.status, self.message, request_id)
+        return self.body()
+
+    def sse_event(self, api: Api | None = None) -> bytes:
         """The same error as a final server-sent event, for streams that already started."""
+        if api is Api.MESSAGES:
+            return error_shapes.anthropic_event(self.status, self.message)
+        if api is Api.RESPONSES:
+            return error_shapes.responses_event(self.code, self.message, self.param)
         return b"data: " + self.body() + b"\n\ndata: [DONE]\n\n"
 
 
-async def send_error(send: Any, exc: ApiError, request_id: str | None, close: bool = False) -> None:
+async def send_error(
+    send: Any, exc: ApiError, request_id: str | None, close: bool = False, api: Api | None = None
+) -> None:
     """Answer an ASGI request with `exc`: its body in one write with its length (not chunked: any
-    client reads it), the request id when there is one, `Connection: close` when asked."""
-    body = exc.body()
+    client reads it), in the shape of the route's API, the request id when there is one,
+    `Connection: close` when asked."""
+    body = exc.body_for(api, request_id)
     headers = exc.headers(request_id)
     headers.append((b"content-length", b"%d" % len(body)))
     if close:
@@ -163,7 +180,8 @@ def internal_error(request_id: str) -> ApiError:
 
 def unauthorized() -> ApiError:
     return ApiError.of(
-        ErrorCode.INVALID_API_KEY, "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."
+        ErrorCode.INVALID_API_KEY,
+        "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
     )
 
 
@@ -278,7 +296,15 @@ MAX_ERROR_BODY = 64 * 1024
 MAX_CLIENT_MESSAGE = 1000
 
 
-def from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes:
+def from_engine(status: int, body: bytes, reason: str, request_id: str, api: Api | None = None) -> bytes:
+    """The body a client gets for an engine error (below), in the shape of the route's API."""
+    answer = _from_engine(status, body, reason, request_id)
+    if api is Api.MESSAGES:
+        return error_shapes.anthropic_from_openai(status, answer, request_id)
+    return answer
+
+
+def _from_engine(status: int, body: bytes, reason: str, request_id: str) -> bytes:
     """The body a client gets for an engine error, always rebuilt, never relayed as it came.
 
     A 5xx says only that the engine failed, and where the details are: the engine's own text

@@ -61,6 +61,58 @@ _CHAT = {
     },
 }
 
+_RESPONSES = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "instructions": {"type": ["string", "null"]},
+        "max_output_tokens": {"type": ["integer", "null"]},
+        "temperature": {"type": ["number", "null"]},
+        "top_p": {"type": ["number", "null"]},
+        "stream": {"type": ["boolean", "null"]},
+        "tools": {"type": ["array", "null"], "items": {"type": "object"}},
+        "text": {"type": ["object", "null"]},
+        "store": {"type": ["boolean", "null"], "description": "Always false: no response is stored."},
+    },
+}
+_MESSAGES = {
+    "type": "object",
+    "required": ["model", "max_tokens", "messages"],
+    "properties": {
+        "model": {"type": "string"},
+        "max_tokens": {"type": "integer"},
+        "system": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "messages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": ["string", "array"]}},
+            },
+        },
+        "temperature": {"type": ["number", "null"]},
+        "stream": {"type": ["boolean", "null"]},
+        "stop_sequences": {"type": ["array", "null"], "items": {"type": "string"}},
+        "tools": {"type": ["array", "null"], "items": {"type": "object"}},
+    },
+}
+# Anthropic's error shape, which every error of /v1/messages takes (error_shapes.py).
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+        "request_id": {"type": "string"},
+    },
+}
+
 _TOKENIZE = {
     "type": "object",
     "required": ["model"],
@@ -73,8 +125,8 @@ _DETOKENIZE = {
 }
 
 
-def _responses(ok: str) -> dict[str, Any]:
-    err = {"content": {"application/json": {"schema": _ERROR}}}
+def _responses(ok: str, error: dict[str, Any] = _ERROR) -> dict[str, Any]:
+    err = {"content": {"application/json": {"schema": error}}}
     out: dict[str, Any] = {
         "200": {
             "description": ok,
@@ -86,7 +138,7 @@ def _responses(ok: str) -> dict[str, Any]:
     }
     for code, what in (
         ("400", "Invalid request, or over a cost cap (max_tokens, n, logprobs, prompts, roles)"),
-        ("401", "Missing or wrong API key"),
+        ("401", "Missing or wrong API key (Authorization: Bearer, or x-api-key)"),
         ("404", "Unknown model"),
         ("405", "Wrong method for this path (Allow)"),
         ("408", "Body not received in time"),
@@ -101,13 +153,13 @@ def _responses(ok: str) -> dict[str, Any]:
     return out
 
 
-def _post(summary: str, schema: dict) -> dict:
+def _post(summary: str, schema: dict, error: dict[str, Any] = _ERROR) -> dict:
     return {
         "post": {
             "summary": summary,
             "tags": ["relayed to the engine"],
             "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
-            "responses": _responses(summary),
+            "responses": _responses(summary, error),
         }
     }
 
@@ -115,6 +167,10 @@ def _post(summary: str, schema: dict) -> dict:
 PROXIED_PATHS = {
     "/v1/completions": _post("Text completion (streaming with stream=true)", _COMPLETION),
     "/v1/chat/completions": _post("Chat completion (streaming with stream=true)", _CHAT),
+    "/v1/responses": _post("OpenAI Responses API, stateless (streaming with stream=true)", _RESPONSES),
+    "/v1/messages": _post(
+        "Anthropic Messages API (streaming with stream=true); errors in Anthropic's shape", _MESSAGES, _ANTHROPIC_ERROR
+    ),
     "/v1/models": {
         "get": {
             "summary": "Served models",

@@ -48,6 +48,9 @@ class HealthState:
         self.progress_total = 0
         self.last_error: str | None = None
         self.weights = "unknown"
+        # The engine's vLLM version, read when it first serves the model (None until then, or when it
+        # does not say): what a route's body can carry depends on it (relay/handler.py).
+        self.engine_version: str | None = None
         self.engine_status = "unknown"  # ok / refused / timeout / http_<code>
         self.last_engine_ok: float | None = None
         self.generation_failing_since: float | None = None

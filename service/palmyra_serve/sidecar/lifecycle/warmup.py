@@ -135,6 +135,7 @@ class Supervisor:
                     if entry is not None:
                         self.state.weights = weights_kind(entry.get("root"))
                         self.metrics.stand_in.set(1 if self.state.weights == "random-stand-in" else 0)
+                        self.state.engine_version = await self._version()
                         return int(entry.get("max_model_len") or self.settings.max_model_len)
                     self._not_yet(
                         f"engine does not serve {self.settings.served_model_name!r}",
@@ -143,6 +144,13 @@ class Supervisor:
                 except Exception as exc:  # any failure here just means: not yet
                     self._not_yet("engine /v1/models unreadable", f"{type(exc).__name__}: {exc}")
             await self.sleep(self.settings.health_poll_interval_s)
+
+    async def _version(self) -> str | None:
+        try:
+            return await self.engine.version(timeout_s=10.0)
+        except Exception as exc:  # an engine that cannot say is treated as the oldest one supported
+            log.warning("engine /version unreadable", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            return None
 
     def _not_yet(self, reason: str, detail: str) -> None:
         """/ready shows the reason (words of ours); the engine's own words go to the log, once."""

@@ -1,14 +1,17 @@
 """What a generation request will cost the engine, checked on the values vLLM will actually use
 (read laxly, policy/lax.py), before it takes an admission slot.
 
-Checked (vLLM 0.32's CompletionRequest / ChatCompletionRequest fields):
-- max_tokens, max_completion_tokens, min_tokens: at most the cap (default max-model-len).
+Checked (vLLM 0.32's CompletionRequest / ChatCompletionRequest / ResponsesRequest /
+AnthropicMessagesRequest fields):
+- max_tokens, max_completion_tokens, min_tokens, max_output_tokens: at most the cap (default
+  max-model-len).
 - n, best_of (older vLLM; harmless when ignored): 1..max_choices; beam search's width is n.
 - completions' prompt as a list: each element is one request inside the engine, so prompts × n
   (the sequences generated) is at most max_choices.
 - logprobs (completions: an int), top_logprobs (chat), prompt_logprobs: 0..max_logprobs, and
   the length of logprob_token_ids: per generated token work.
-- chat message roles: only OpenAI's chat schema (vLLM accepts any role as a custom message).
+- chat message roles: only OpenAI's chat schema (vLLM accepts any role as a custom message); the
+  Messages API's roles: user and assistant (its system prompt has a field of its own).
 Every other field has its own decision in policy/fields.py.
 """
 
@@ -18,10 +21,12 @@ from typing import Any, Protocol
 
 from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.policy.lax import as_int
+from palmyra_serve.sidecar.routes import Api
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _ROLES_TEXT = ", ".join(sorted(CHAT_ROLES))
-_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+MESSAGES_ROLES = frozenset({"user", "assistant"})
+_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
 _LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 
 
@@ -40,7 +45,7 @@ class CostBounds(Protocol):
     max_logprobs: int
 
 
-def check(payload: Any, limits: CostBounds, chat: bool) -> None:
+def check(payload: Any, limits: CostBounds, api: Api) -> None:
     """Raise an ApiError (400) when the request asks for more than the limits allow."""
     if not isinstance(payload, dict):
         # vLLM 0.32 answers an array or null body with a 400, vLLM 0.18 (the Ascend image's) with
@@ -65,7 +70,7 @@ def check(payload: Any, limits: CostBounds, chat: bool) -> None:
             raise errors.parameter_too_large(param, asked, limits.max_choices)
         choices = max(choices, asked)
     for param in _LOGPROB_FIELDS:
-        if chat and param == "logprobs":
+        if api is not Api.COMPLETIONS and param == "logprobs":
             continue  # a boolean in chat; top_logprobs carries the size
         asked = as_int(payload, param)
         if asked is None:
@@ -77,9 +82,11 @@ def check(payload: Any, limits: CostBounds, chat: bool) -> None:
     ids = payload.get("logprob_token_ids")
     if isinstance(ids, list) and len(ids) > limits.max_logprobs:
         raise errors.parameter_too_large("logprob_token_ids", len(ids), limits.max_logprobs)
-    if chat:
-        _check_roles(payload.get("messages"))
-    else:
+    if api is Api.CHAT:
+        _check_roles(payload.get("messages"), CHAT_ROLES, _ROLES_TEXT)
+    elif api is Api.MESSAGES:
+        _check_roles(payload.get("messages"), MESSAGES_ROLES, "user, assistant")
+    elif api is Api.COMPLETIONS:
         prompts = _prompt_count(payload.get("prompt"))
         if prompts * choices > limits.max_choices:
             raise errors.parameter_too_large("prompt", prompts * choices, limits.max_choices)
@@ -92,12 +99,12 @@ def _prompt_count(prompt: object) -> int:
     return len(prompt)
 
 
-def _check_roles(messages: object) -> None:
+def _check_roles(messages: object, roles: frozenset[str], text: str) -> None:
     if not isinstance(messages, list):
         raise errors.invalid_parameter("messages", "messages must be a list of message objects.")
     for message in messages:
         if not isinstance(message, dict):
             raise errors.invalid_parameter("messages", "messages must be a list of message objects.")
         role = message.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise errors.invalid_role(role, _ROLES_TEXT)
+        if not isinstance(role, str) or role not in roles:
+            raise errors.invalid_role(role, text)

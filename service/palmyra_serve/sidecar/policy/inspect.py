@@ -18,6 +18,7 @@ from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.policy import checks, cost
 from palmyra_serve.sidecar.policy.fields import Decision, Rule
 from palmyra_serve.sidecar.policy.lax import as_bool, as_dict, as_int
+from palmyra_serve.sidecar.routes import Api
 
 
 @dataclass(slots=True)
@@ -31,7 +32,7 @@ class Inspection:
     extra_prompt_bytes: int  # tools and documents, which the chat template renders into the prompt
 
 
-def inspect(payload: Any, table: Mapping[str, Rule], limits: checks.Limits, chat: bool, generates: bool) -> Inspection:
+def inspect(payload: Any, table: Mapping[str, Rule], limits: checks.Limits, api: Api | None) -> Inspection:
     """Apply the route's table to `payload` (edited in place); raise an ApiError (400) on refusal."""
     if not isinstance(payload, dict):
         raise errors.not_a_json_object()
@@ -55,9 +56,9 @@ def inspect(payload: Any, table: Mapping[str, Rule], limits: checks.Limits, chat
                 raise errors.unsupported_parameter(name, rule.why)
             del payload[name]
             changed = True
-    if not generates:
+    if api is None:
         return Inspection(changed, False, False, False, seen.extra_prompt_bytes)
-    cost.check(payload, limits, chat)
+    cost.check(payload, limits, api)
     streams = bool(as_bool(payload, "stream"))
     if "stream" in payload and type(payload["stream"]) is not bool:
         payload["stream"] = streams  # the engine gets the value the relay decided on
@@ -65,23 +66,23 @@ def inspect(payload: Any, table: Mapping[str, Rule], limits: checks.Limits, chat
     options = as_dict(payload, "stream_options") or {}
     wants_usage = bool(as_bool(options, "include_usage")) if streams else False
     continuous = bool(as_bool(options, "continuous_usage_stats")) if streams else False
-    if _prompt_logprobs(payload, chat):
-        _check_prompt_logprobs(payload, chat, limits, seen)
+    if _prompt_logprobs(payload, api):
+        _check_prompt_logprobs(payload, api, limits, seen)
     return Inspection(changed, streams, wants_usage, continuous, seen.extra_prompt_bytes)
 
 
-def _prompt_logprobs(payload: dict, chat: bool) -> bool:
+def _prompt_logprobs(payload: dict, api: Api) -> bool:
     """Whether the engine computes logprobs over the prompt: prompt_logprobs, or (completions)
     echo with logprobs, which returns the prompt's logprobs too."""
     if as_int(payload, "prompt_logprobs"):
         return True
-    return not chat and bool(as_bool(payload, "echo")) and as_int(payload, "logprobs") is not None
+    return api is Api.COMPLETIONS and bool(as_bool(payload, "echo")) and as_int(payload, "logprobs") is not None
 
 
-def _check_prompt_logprobs(payload: dict, chat: bool, limits: checks.Limits, seen: checks.Seen) -> None:
+def _check_prompt_logprobs(payload: dict, api: Api, limits: checks.Limits, seen: checks.Seen) -> None:
     from palmyra_serve.sidecar.policy.prompt import prompt_estimate
 
-    prompt = prompt_estimate(payload, chat, seen.extra_prompt_bytes)
+    prompt = prompt_estimate(payload, api, seen.extra_prompt_bytes)
     if prompt > limits.prompt_logprobs_max_tokens:
         raise errors.ApiError.of(
             errors.ErrorCode.PARAMETER_TOO_LARGE,

@@ -40,6 +40,14 @@ log = logging.getLogger("palmyra.sidecar")
 RELOAD_EVERY_S = 1.0
 
 
+def credential(authorization: bytes | None, api_key: bytes | None) -> bytes | None:
+    """The Authorization value a request's key is read from: its own, else the Anthropic SDK's
+    `x-api-key` header as a bearer token (the same key either way)."""
+    if authorization is not None or api_key is None:
+        return authorization
+    return b"Bearer " + api_key
+
+
 class AuthConfigError(ValueError):
     """The key configuration would leave the service open or guessable; the message says why."""
 

@@ -34,12 +34,13 @@ from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.policy import checks, structured
 from palmyra_serve.sidecar.policy.fields import BY_TARGET
 from palmyra_serve.sidecar.policy.inspect import inspect
-from palmyra_serve.sidecar.relay.auth import ApiKeys
+from palmyra_serve.sidecar.relay.auth import ApiKeys, credential
 from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
+from palmyra_serve.sidecar.relay.typed_events import BodyUsage, MessagesAccount, ResponsesAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.relay.usage_event import UsageEventFilter
-from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Route
+from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Api, Route
 from palmyra_serve.sidecar.tenants import reservation
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import Quotas, Reservation
@@ -67,6 +68,7 @@ DROP_REQUEST = frozenset(
         b"host",
         b"content-length",
         b"authorization",
+        b"x-api-key",
         b"x-request-id",
         b"expect",
     }
@@ -84,6 +86,10 @@ SAFE_ID_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 ENGINE_ERROR_EVENT = "engine_error_event"
 # How much of an engine's 5xx body the sidecar's log keeps (the client gets none of it).
 ENGINE_ERROR_LOGGED = 4096
+# A stream's accounting by the API it speaks (relay/sse.py for OpenAI's choices, relay/typed_events.py).
+STREAM_ACCOUNTS: dict[Api, type[SseAccount]] = {Api.RESPONSES: ResponsesAccount, Api.MESSAGES: MessagesAccount}
+# The engines whose Messages API carries cache_salt to the engine (vLLM 0.18.0's drops it).
+MESSAGES_SALT_SINCE = (0, 32)
 
 
 class ClientGone(Exception):
@@ -157,12 +163,14 @@ class Relay:
         path = scope["path"]
         entry = RELAYED.get(path)
         route = entry.label if entry is not None else OTHER
-        auth = rid_raw = clen = None
+        auth = api_key = rid_raw = clen = None
         listed: list[bytes] | None = None
         fwd: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
+            elif name == b"x-api-key":  # the Anthropic SDK's header: the same key
+                api_key = value
             elif name == b"x-request-id":
                 rid_raw = value
             elif name == b"content-length":
@@ -183,7 +191,7 @@ class Relay:
         demand: reservation.Demand | None = None
         try:
             # The key first: without one, nothing about the routes is revealed (no 404 or 405).
-            name = self.keys.identify(auth)
+            name = self.keys.identify(credential(auth, api_key))
             if name is None:
                 raise _reject(self.metrics, errors.unauthorized())
             tenants = self.keys.tenants  # this request's view, whatever a reload does meanwhile
@@ -205,7 +213,7 @@ class Relay:
             body_read = True
             held = len(body)
             if body and entry.target in BY_TARGET:
-                body, demand = self._inspect(body, entry, tenant, record)
+                body, demand = self._inspect(body, entry, tenant, record, shared_engine=len(tenants.by_name) > 1)
             if record.trace is not None:
                 record.admit_at = time.perf_counter()
             if self.quotas.limited(tenant):
@@ -228,14 +236,14 @@ class Relay:
             # front end lingers and discards the rest), and the client must be told so, or it
             # sends its next request into a closing connection (when closing, it was said already).
             close = not body_read and not closing and _has_body(scope, clen)
-            await errors.send_error(send, exc, rid, close)
+            await errors.send_error(send, exc, rid, close, entry.api if entry is not None else None)
         except ClientGone:
             status = 499  # nginx's "client closed request": counted, never sent
             record.client_disconnected = True
         except Exception as exc:
             status = 500
             record.error = errors.ErrorCode.INTERNAL_ERROR
-            await self._internal_fault(exc, send, rid)
+            await self._internal_fault(exc, send, rid, entry.api if entry is not None else None)
         else:
             self.health.sidecar_faults_in_row = 0
         finally:
@@ -309,7 +317,7 @@ class Relay:
         except Exception:
             log.exception("tracing a request failed", extra={"fields": {"request_id": record.request_id}})
 
-    async def _internal_fault(self, exc: Exception, send: Any, rid: str) -> None:
+    async def _internal_fault(self, exc: Exception, send: Any, rid: str, api: Api | None) -> None:
         """The sidecar's own code failed this request (a bug): counted, logged with its traceback,
         a 500 for the client if nothing was sent yet (else the connection is cut short), and told
         to readiness, which turns false when every request fails this way (lifecycle/health.py)."""
@@ -317,7 +325,7 @@ class Relay:
         self.health.report_sidecar_fault()
         log.error("internal error", exc_info=exc, extra={"fields": {"request_id": rid}})
         try:
-            await errors.send_error(send, errors.internal_error(rid), rid)
+            await errors.send_error(send, errors.internal_error(rid), rid, api=api)
         except RuntimeError:
             pass  # the response had started: returning leaves it incomplete, uvicorn closes the connection
 
@@ -397,7 +405,7 @@ class Relay:
             task.cancel()
 
     def _inspect(
-        self, body: bytes, entry: Route, tenant: TenantSpec, record: RequestRecord
+        self, body: bytes, entry: Route, tenant: TenantSpec, record: RequestRecord, shared_engine: bool = False
     ) -> tuple[bytes, reservation.Demand | None]:
         """Every field of the body decided (policy/fields.py: checked, rewritten, stripped, refused or
         passed); for a generation, the rewrites: the usage report asked for on every stream (its
@@ -411,17 +419,18 @@ class Relay:
         except orjson.JSONDecodeError:
             raise _reject(self.metrics, errors.invalid_json()) from None
         try:
-            seen = inspect(payload, BY_TARGET[entry.target], self.limits, entry.chat, entry.generates)
+            seen = inspect(payload, BY_TARGET[entry.target], self.limits, entry.api)
         except errors.ApiError as exc:
             raise _reject(self.metrics, exc) from None
         except RecursionError:
             raise _reject(self.metrics, errors.invalid_parameter("body", "The body is nested too deeply.")) from None
         changed = seen.changed
-        if not entry.generates:
+        api = entry.api
+        if api is None:
             return (orjson.dumps(payload) if changed else body), None
         if record.trace is not None and isinstance(model := payload.get("model"), str):
             record.model = model
-        if seen.streams:
+        if seen.streams and api in (Api.COMPLETIONS, Api.CHAT):
             # Tokens are counted from the engine's usage report, never from events: asked for on
             # every stream, and removed again when the client did not ask for it (a client's
             # continuous_usage_stats had no effect without include_usage, and must not start to).
@@ -431,13 +440,20 @@ class Relay:
             }
             record.strip_usage = not seen.wants_usage
             changed = True
+        if api is Api.RESPONSES and payload.get("store") is not False:
+            payload["store"] = False  # stateless (policy/fields.py): the engine keeps nothing
+            changed = True
         salt = self.salts.of(tenant)
         if salt is not None:
+            if api is Api.MESSAGES and shared_engine:
+                self._messages_keep_private()
             payload["cache_salt"] = salt
             changed = True
         elif payload.pop("cache_salt", None) is not None:
             changed = True
-        if self.settings.priority_scheduling:
+        if api is Api.MESSAGES:
+            self._messages_keep_order(tenant)  # vLLM's Messages API has no priority to set
+        elif self.settings.priority_scheduling:
             if payload.get("priority") != tenant.priority:
                 payload["priority"] = tenant.priority
                 changed = True
@@ -447,12 +463,43 @@ class Relay:
         if tenant.tokens_per_minute:
             demand = reservation.demand(
                 payload,
-                entry.chat,
+                api,
                 self.settings.quota_reserve_tokens,
                 self.limits.max_tokens,
                 seen.extra_prompt_bytes,
             )
         return (orjson.dumps(payload) if changed else body), demand
+
+    def _messages_keep_private(self) -> None:
+        """Where several tenants share the engine, one whose prompts stay out of the others' prefix
+        cache is served the Messages API only by an engine that carries cache_salt through it (vLLM
+        0.18.0's converts the request to a chat completion without it): elsewhere its prompts would
+        share the cache after all."""
+        if _version_at_least(self.health.engine_version, MESSAGES_SALT_SINCE):
+            return
+        raise _reject(
+            self.metrics,
+            errors.ApiError.of(
+                errors.ErrorCode.UNSUPPORTED_PARAMETER,
+                f"This engine (vLLM {self.health.engine_version or 'of unknown version'}) cannot keep a tenant's "
+                "prompts out of the shared prefix cache on the Messages API, and this tenant's are kept private: "
+                "use /v1/chat/completions, or ask the operator for `prefix_cache: shared`.",
+            ),
+        )
+
+    def _messages_keep_order(self, tenant: TenantSpec) -> None:
+        """vLLM's Messages API sets no priority: with priority scheduling on, a tenant ranked below the
+        engine's default would jump ahead of its rank there, so it is sent to the routes that carry it."""
+        if not self.settings.priority_scheduling or tenant.priority <= 0:
+            return
+        raise _reject(
+            self.metrics,
+            errors.ApiError.of(
+                errors.ErrorCode.UNSUPPORTED_PARAMETER,
+                "The Messages API cannot carry this tenant's scheduling priority: use /v1/chat/completions "
+                "or /v1/responses.",
+            ),
+        )
 
     async def _relay(
         self,
@@ -488,8 +535,8 @@ class Relay:
                 if resp.opened_at >= record.sent_at:  # a connection opened for this request
                     record.connected_at = resp.opened_at
             if resp.status >= 400:
-                return await self._relay_error(send, resp, rid, record)
-            return await self._stream(send, route, resp, rid, record, t0, ticket, pacing)
+                return await self._relay_error(send, resp, rid, record, RELAYED[scope["path"]].api)
+            return await self._stream(send, RELAYED[scope["path"]], resp, rid, record, t0, ticket, pacing)
         finally:
             resp.release()  # closes the connection unless the response was read to its end
             if record.trace is not None:
@@ -514,7 +561,9 @@ class Relay:
         except UpstreamError as exc:
             raise self._upstream_failed(exc, record) from None
 
-    async def _relay_error(self, send: Any, resp: EngineResponse, rid: str, record: RequestRecord) -> int:
+    async def _relay_error(
+        self, send: Any, resp: EngineResponse, rid: str, record: RequestRecord, api: Api | None
+    ) -> int:
         """An engine error reaches the client rebuilt in OpenAI's shape, status kept
         (errors.from_engine: a 5xx's text only in the log, under the request id)."""
         parts: list[bytes] = []
@@ -546,7 +595,7 @@ class Relay:
                     }
                 },
             )
-        answer = errors.from_engine(resp.status, body, reason, rid)
+        answer = errors.from_engine(resp.status, body, reason, rid, api)
         headers = [
             (k, v)
             for k, v in _response_headers(resp, rid, record)
@@ -560,7 +609,7 @@ class Relay:
     async def _stream(
         self,
         send: Any,
-        route: str,
+        entry: Route,
         resp: EngineResponse,
         rid: str,
         record: RequestRecord,
@@ -571,15 +620,18 @@ class Relay:
         headers = _response_headers(resp, rid, record)
         ctype = resp.content_type
         sse = ctype.startswith("text/event-stream")
-        counted = resp.status == 200 and route in GENERATION_ROUTES
-        account = SseAccount() if sse and counted else None
+        api = entry.api
+        counted = resp.status == 200 and api is not None
+        account = STREAM_ACCOUNTS.get(api, SseAccount)() if sse and counted and api is not None else None
         # Admission's latency reports (docs/admission.md): the first token, and the stream's mean
         # gap per token once `probe` tokens are out, long before its end.
         report = ticket is not None and account is not None
         probe = self.admission.probe_tokens if report else 0
         reported_first = False
         # JSON bodies of generations: watched for their usage report, never kept.
-        usage = UsageScanner() if counted and not sse and ctype.startswith("application/json") else None
+        usage: UsageScanner | BodyUsage | None = None
+        if counted and not sse and ctype.startswith("application/json"):
+            usage = UsageScanner() if api in (Api.COMPLETIONS, Api.CHAT) else BodyUsage(api)  # type: ignore[arg-type]
         # The usage event the relay asked for on the client's behalf, taken out again.
         strip = UsageEventFilter() if record.strip_usage and sse else None
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
@@ -618,7 +670,7 @@ class Relay:
             record.engine_failed = True
             failure = self._upstream_failed(exc, record)
             if sse:
-                await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": False})
+                await send({"type": "http.response.body", "body": failure.sse_event(api), "more_body": False})
                 return failure.status
             # The status line and part of the body are out: the only honest end is a connection
             # closed short of the body's length (or of its last chunk), which every HTTP client
@@ -630,20 +682,21 @@ class Relay:
         finally:
             if account is not None:
                 record.tokens_seen = account.tokens_so_far()  # what a stream cut short still cost
-        self._account(route, resp.status, first, t0, account, usage, record, pacing)
+        self._account(entry, resp.status, first, t0, account, usage, record, pacing)
         return resp.status
 
     def _account(
         self,
-        route: str,
+        entry: Route,
         status: int,
         first: float,
         t0: float,
         account: SseAccount | None,
-        scanner: UsageScanner | None,
+        scanner: UsageScanner | BodyUsage | None,
         record: RequestRecord,
         pacing: _Pacing,
     ) -> None:
+        route = entry.label
         if first:
             self.metrics.ttft.labels(route).observe(first - t0)
             record.ttft_s = first - t0
@@ -662,6 +715,7 @@ class Relay:
                 self.health.record_generation(True)
             completion = account.completion_tokens()
             prompt = account.prompt_tokens()
+            reported = account.usage is not None
             itl = account.mean_event_gap()
             if itl is not None:
                 self.metrics.itl.labels(route).observe(itl)
@@ -676,9 +730,11 @@ class Relay:
         else:
             self.health.record_generation(True)
             usage = scanner.usage() if scanner is not None else None
-            reported = usage.get("completion_tokens") if usage else None
-            completion = reported if isinstance(reported, int) else 0
+            count = usage.get("completion_tokens") if usage else None
+            completion = count if isinstance(count, int) else 0
             prompt = usage.get("prompt_tokens") if usage else None
+            reported = usage is not None
+        record.usage_missing = not reported and entry.api in (Api.RESPONSES, Api.MESSAGES)
         self.metrics.output_tokens.labels(route).inc(completion)
         record.completion_tokens = completion
         if isinstance(prompt, int):
@@ -701,9 +757,12 @@ def tokens_spent(record: RequestRecord, demand: reservation.Demand | None) -> in
     nothing for a request the engine never got or refused (its 4xx); for a client that left before
     the usage came, what it reserved, at least its estimated prompt and the tokens relayed (leaving
     just before the end must not make a generation free); for an engine that failed, the estimated
-    prompt and the tokens relayed."""
+    prompt and the tokens relayed; for an API that always reports usage and did not (its report past
+    the accounting's cap, relay/typed_events.py), at least the whole reservation."""
     if demand is None or not record.sent_at:
         return 0
+    if record.usage_missing:
+        return max(demand.tokens, demand.prompt_tokens + record.tokens_seen)
     if record.completion_tokens is not None:
         prompt = record.prompt_tokens if record.prompt_tokens is not None else demand.prompt_tokens
         return prompt + record.completion_tokens
@@ -789,3 +848,15 @@ def _reject(metrics: SidecarMetrics, exc: errors.ApiError) -> errors.ApiError:
     """Count a refusal; its metric reason is always its error code."""
     metrics.reject(exc.code)
     return exc
+
+
+def _version_at_least(version: str | None, floor: tuple[int, int]) -> bool:
+    """Whether a vLLM version string ("0.32.0", "0.18.0+ascend") is at least major.minor `floor`;
+    an unknown or unreadable one is not."""
+    if version is None:
+        return False
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= floor

@@ -69,6 +69,9 @@ class RequestRecord:
     # removes that event (relay/usage_event.py).
     strip_usage: bool = False
     tokens_seen: int = 0  # token events relayed (a stream cut short is charged these)
+    # An API that always reports usage (Responses, Messages) ended without a readable report (its
+    # body or last event over the accounting's cap): the tenant is charged its whole reservation.
+    usage_missing: bool = False
     # Not logged: the engine failed this request (a cut stream, an error event). Admission then
     # learns nothing from it: failures are health's to judge, never a reason to lower the limit.
     engine_failed: bool = False

@@ -4,7 +4,8 @@ The sidecar has no tokenizer, so the reservation is an estimate (policy/prompt.p
 corrected when the request ends by the engine's own usage report (quota.Quotas.settle). The
 completion part covers everything that makes the engine generate, read as vLLM reads it:
 
-- per sequence: max_tokens (or max_completion_tokens) when set, else PALMYRA_QUOTA_RESERVE_TOKENS;
+- per sequence: max_tokens (or max_completion_tokens, or the Responses API's max_output_tokens)
+  when set, else PALMYRA_QUOTA_RESERVE_TOKENS;
   at least min_tokens (the engine may not stop before it); with ignore_eos and no max_tokens, the
   whole cap (the engine generates until max-model-len);
 - sequences: the larger of n and best_of, times every prompt of a list.
@@ -25,6 +26,15 @@ from typing import Any
 
 from palmyra_serve.sidecar.policy.lax import as_bool, as_int
 from palmyra_serve.sidecar.policy.prompt import completion_prompt, prompt_estimate
+from palmyra_serve.sidecar.routes import Api
+
+# The field that caps a sequence's tokens, by API (chat: max_completion_tokens first).
+_CAP_FIELDS = {
+    Api.COMPLETIONS: ("max_tokens",),
+    Api.CHAT: ("max_completion_tokens", "max_tokens"),
+    Api.RESPONSES: ("max_output_tokens",),
+    Api.MESSAGES: ("max_tokens",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +47,14 @@ class Demand:
         return self.prompt_tokens + self.completion_tokens
 
 
-def demand(payload: dict[str, Any], chat: bool, reserve_tokens: int, cap: int, extra_prompt_bytes: int = 0) -> Demand:
+def demand(payload: dict[str, Any], api: Api, reserve_tokens: int, cap: int, extra_prompt_bytes: int = 0) -> Demand:
     """The tokens to reserve for a generation request whose fields policy/ already checked."""
-    prompt = prompt_estimate(payload, chat, extra_prompt_bytes)
-    prompts = 1 if chat else completion_prompt(payload.get("prompt"))[1]
-    asked = as_int(payload, "max_completion_tokens") if chat else None
-    if asked is None:
-        asked = as_int(payload, "max_tokens")
+    prompt = prompt_estimate(payload, api, extra_prompt_bytes)
+    prompts = completion_prompt(payload.get("prompt"))[1] if api is Api.COMPLETIONS else 1
+    asked = None
+    for field in _CAP_FIELDS[api]:
+        if (asked := as_int(payload, field)) is not None:
+            break
     # ignore_eos without max_tokens: the engine generates up to max-model-len.
     unset = cap if as_bool(payload, "ignore_eos") else reserve_tokens
     per_sequence = unset if asked is None else asked

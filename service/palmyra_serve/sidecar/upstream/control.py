@@ -103,6 +103,20 @@ class EngineClient:
                 raise RuntimeError(f"/v1/models answered {resp.status}: {body[:200]!r}")
             return orjson.loads(body).get("data", [])
 
+    async def version(self, timeout_s: float) -> str | None:
+        """The engine's vLLM version (GET /version), None when it does not say."""
+        async with self.session.get(
+            f"{self.base_url}/version", headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            body = await resp.content.read(1024)  # {"version": "0.32.0"}: anything larger is not that
+            if resp.status != 200:
+                return None
+        try:
+            version = orjson.loads(body).get("version")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return version if isinstance(version, str) and len(version) <= 64 else None
+
     async def generate(self, route: str, payload: dict[str, Any], timeout_s: float) -> GenerationResult:
         """One generation; for stream=True the whole stream is read and must end with [DONE]."""
         t0 = time.monotonic()
