@@ -24,6 +24,8 @@ RESULTS: list[tuple[str, int, bool]] = []  # (case, status, clear 4xx?) for the 
 JSON = {"content-type": "application/json"}
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
+RESP = "/v1/responses"
+MSG = "/v1/messages"  # answered in Anthropic's shape, whose error object also has a message and a type
 
 # (name, path, raw body) — raw bytes, so broken JSON and broken UTF-8 reach the server as sent.
 CASES: list[tuple[str, str, bytes]] = [
@@ -69,6 +71,37 @@ CASES: list[tuple[str, str, bytes]] = [
         CHAT,
         b'{"model": "palmyra-mini", "messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 2}',
     ),
+    ("responses: malformed JSON", RESP, b'{"model": "palmyra-mini", "input":'),
+    ("responses: input of wrong type", RESP, b'{"model": "palmyra-mini", "input": 3}'),
+    ("responses: unknown model", RESP, b'{"model": "gpt-17", "input": "hi", "max_output_tokens": 2}'),
+    ("responses: huge max_output_tokens", RESP, b'{"model": "palmyra-mini", "input": "hi", "max_output_tokens": 1e12}'),
+    ("responses: stored state", RESP, b'{"model": "palmyra-mini", "input": "hi", "previous_response_id": "r"}'),
+    (
+        "responses: image input",
+        RESP,
+        b'{"model": "palmyra-mini", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}',
+    ),
+    (
+        "messages: missing max_tokens",
+        MSG,
+        b'{"model": "palmyra-mini", "messages": [{"role": "user", "content": "hi"}]}',
+    ),
+    (
+        "messages: unknown model",
+        MSG,
+        b'{"model": "gpt-17", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}',
+    ),
+    (
+        "messages: system role in messages",
+        MSG,
+        b'{"model": "palmyra-mini", "max_tokens": 2, "messages": [{"role": "system", "content": "x"}]}',
+    ),
+    (
+        "messages: invalid UTF-8",
+        MSG,
+        b'{"model": "palmyra-mini", "max_tokens": 2, "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+    ),
+    ("messages: JSON array body", MSG, b"[1, 2, 3]"),
     (
         "oversized body",
         COMPL,

@@ -20,6 +20,9 @@ The behaviour of a generation request is picked by its prompt (or the last chat 
   "fake:cut-body"     a JSON answer whose connection closes halfway through its Content-Length
   "fake:read-and-close"  read the request, then close without a byte (counted in stats)
 anything else: a normal answer (max_tokens chunks when streaming).
+/v1/responses and /v1/messages answer in their APIs' shapes (as vLLM writes them: typed events,
+usage unasked), picked by the input (the last message's text): "fake:hang" as above, "fake:echo"
+an answer whose last event (or body) echoes 100 KB, past what the relay's accounting holds.
 POST /fake/control {"health": "ok"|"fail"|"hang", "generate": "ok"|"fail"|"hang",
 "metrics": "ok"|"huge"|"fail", "metrics_bytes": N, "first_delay_s": S, "token_delay_s": S, "generate_delay": S}
 changes the
@@ -370,6 +373,71 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def _typed_event(payload: dict[str, Any]) -> bytes:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def typed_generate(request: web.Request) -> web.StreamResponse:
+    """The Responses and Messages APIs: usage in their own names, always reported."""
+    STATS["requests"] += 1
+    body = await request.json()
+    STATS["bodies"] = [*STATS["bodies"][-19:], body]
+    messages = request.path == "/v1/messages"
+    given = body.get("messages")[-1]["content"] if messages else body.get("input")
+    mode = given if isinstance(given, str) and given.startswith("fake:") else "fake:ok"
+    n = int(body.get("max_tokens" if messages else "max_output_tokens") or 4)
+    if mode == "fake:hang":
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            STATS["aborted"] += 1
+            raise
+    echo = "x" * 100_000 if mode == "fake:echo" else None
+    n = 1 if echo else n  # a short answer whose report the relay cannot hold: it charges the reservation
+    text = "".join(f"t{i}" for i in range(n))
+    usage = {"input_tokens": 3, "output_tokens": n}
+    whole: dict[str, Any]
+    if messages:
+        blocks = [{"type": "text", "text": text}] + ([{"type": "text", "text": echo}] if echo else [])
+        whole = {"type": "message", "role": "assistant", "content": blocks, "usage": usage}
+    else:
+        whole = {"object": "response", "instructions": echo, "output": [{"content": [{"text": text}]}], "usage": usage}
+    if not body.get("stream"):
+        STATS["completed"] += 1
+        return web.json_response(whole)
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    try:
+        if messages:
+            start = {"type": "message", "role": "assistant", "content": [], "usage": {**usage, "output_tokens": 0}}
+            await resp.write(_typed_event({"type": "message_start", "message": start}))
+        for i in range(n):
+            delta = {"type": "text_delta", "text": f"t{i}"}
+            event = {"type": "content_block_delta", "index": 0, "delta": delta}
+            await resp.write(
+                _typed_event(event if messages else {"type": "response.output_text.delta", "delta": f"t{i}"})
+            )
+            if STATE["token_delay_s"]:
+                await asyncio.sleep(float(STATE["token_delay_s"]))
+        if messages:
+            if echo:
+                await resp.write(
+                    _typed_event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": echo}})
+                )
+            await resp.write(
+                _typed_event({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": usage})
+            )
+            await resp.write(_typed_event({"type": "message_stop"}))
+        else:
+            await resp.write(_typed_event({"type": "response.completed", "response": whole}))
+        await resp.write_eof()
+        STATS["completed"] += 1
+    except (ConnectionResetError, asyncio.CancelledError):
+        STATS["aborted"] += 1
+        raise
+    return resp
+
+
 async def tokenize(request: web.Request) -> web.Response:
     """/tokenize and /detokenize: how many run at once is what the sidecar's gate bounds."""
     await request.read()
@@ -394,6 +462,8 @@ def main() -> None:
     app.router.add_get("/metrics", engine_metrics)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/responses", typed_generate)
+    app.router.add_post("/v1/messages", typed_generate)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", tokenize)
     app.router.add_get("/fake/stats", stats)

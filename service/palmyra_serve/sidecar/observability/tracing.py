@@ -60,7 +60,7 @@ SHUTDOWN_FLUSH_S = 2.0
 # The OTLP exporter's deadline per batch: a collector that hangs delays only the export thread.
 EXPORT_TIMEOUT_S = 10.0
 # GenAI semantic conventions: gen_ai.operation.name of each generation route.
-OPERATION = {"completions": "text_completion", "chat_completions": "chat"}
+OPERATION = {"completions": "text_completion", "chat_completions": "chat", "responses": "chat", "messages": "chat"}
 ADMITTED = "admitted"
 
 _propagator = TraceContextTextMapPropagator()

@@ -32,6 +32,8 @@ ACCESS_LOG_KEYS: dict[str, str] = {
     "tenant": "the tenant whose key the request carried (`default` for the plain keys)",
     "completion_tokens": "tokens generated, as the engine counted them",
     "prompt_tokens": "prompt tokens, as the engine counted them",
+    "usage_missing": "the Responses or Messages API's usage report was past what accounting holds: "
+    "the tenant was charged its whole reservation",
     "truncated": "the answer was cut short: the engine failed after its status line was sent",
     "error": "the code of the sidecar's own error answer (the metrics' `reason` and error codes)",
     "client_disconnected": "the client left before the answer ended (status 499)",
@@ -122,6 +124,8 @@ class RequestRecord:
             fields["completion_tokens"] = self.completion_tokens
         if self.prompt_tokens is not None:
             fields["prompt_tokens"] = self.prompt_tokens
+        if self.usage_missing:
+            fields["usage_missing"] = True
         if self.truncated:
             fields["truncated"] = True
         if self.error is not None:
