@@ -14,7 +14,7 @@ it survives. Sources of truth:
 - engine command: palmyra_serve.engine.launcher.build_command() with default settings, per platform
 - sidecar metrics: a fresh SidecarMetrics registry, walked with collect()
 - Compose's settings pass-through: the same Settings fields, less those docker-compose.yml fixes
-- the access log's keys: palmyra_serve.sidecar.relay.record.ACCESS_LOG_KEYS
+- the access log's keys: palmyra_serve.sidecar.core.record.ACCESS_LOG_KEYS
 The engine (vllm:) metrics table in docs/metrics.md is hand-maintained; tests/static/test_docs.py
 checks it against the dashboards and alert rules.
 """
@@ -39,7 +39,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from palmyra_serve.cli import build_parser
 from palmyra_serve.engine.launcher import PLATFORMS, build_command
 from palmyra_serve.settings import GROUPS, Settings, basics
-from palmyra_serve.sidecar.observability.metrics import PHASES, STARTUP_PHASES, SidecarMetrics, tenant_families
+from palmyra_serve.sidecar.core.metrics import PHASES, STARTUP_PHASES, SidecarMetrics, tenant_families
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -416,7 +416,7 @@ def sidecar_memory() -> str:
 
 def access_log_table() -> str:
     """The access log's keys, from the request record that renders them."""
-    from palmyra_serve.sidecar.relay.record import ACCESS_LOG_KEYS
+    from palmyra_serve.sidecar.core.record import ACCESS_LOG_KEYS
 
     rows = [f"| `{key}` | {cell(meaning)} |" for key, meaning in ACCESS_LOG_KEYS.items()]
     return "\n".join(["| key | meaning |", "|---|---|", *rows]) + "\n"

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarState
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from tests.helpers.k8s_manifests import K8S_VERSIONS, REPO, hpa, scaledobject
 
 # A selector in PromQL: a metric name followed by its label braces.

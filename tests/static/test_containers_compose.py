@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from palmyra_serve.sidecar.routes import PROBE_PATHS
+from palmyra_serve.sidecar.core.routes import PROBE_PATHS
 from tests.helpers import deployed
 from tests.helpers.compose_files import (
     COMPOSE,

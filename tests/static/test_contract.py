@@ -51,10 +51,10 @@ import pytest
 from palmyra_serve import __version__
 from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.app import SidecarApp, create_app
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.metrics import tenant_families
 from palmyra_serve.sidecar.observability.access_log import LOGGER_NAME
-from palmyra_serve.sidecar.observability.metrics import tenant_families
 from tests.helpers import procs
 from tests.helpers.api import completion
 from tests.helpers.waiting import wait_until

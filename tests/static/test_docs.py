@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.variables import NON_SETTINGS
 from tests.helpers import doc_blocks
 from tests.helpers.markdown import github_slug

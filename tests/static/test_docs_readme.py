@@ -164,7 +164,7 @@ def dockerfile_targets() -> set[str]:
 
 def sidecar_paths() -> set[str]:
     from palmyra_serve.sidecar.app import create_app
-    from palmyra_serve.sidecar.routes import RELAYED
+    from palmyra_serve.sidecar.core.routes import RELAYED
 
     app = create_app(Settings(auth_disabled=True))
     return set(app.control.openapi()["paths"]) | set(RELAYED) | {"/openapi.json", "/docs"}

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
+from palmyra_serve.sidecar.core.routes import CONTROL_PATHS, GENERATION_ROUTES, RELAYED
 from tests.helpers.k8s_manifests import K8S, REPO, assert_valid, container, discovered_overlays, one, pod_spec, render
 
 API_ROUTES = {path: route.label for path, route in RELAYED.items()}

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from palmyra_serve.sidecar.routes import PROBE_PATHS
+from palmyra_serve.sidecar.core.routes import PROBE_PATHS
 from tests.helpers import deployed
 from tests.helpers.deployed import loopback
 from tests.helpers.k8s_manifests import (

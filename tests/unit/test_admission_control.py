@@ -10,7 +10,6 @@ import json
 import pytest
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import (
     AdaptiveAdmission,
     Admission,
@@ -21,6 +20,7 @@ from palmyra_serve.sidecar.admission.control import (
     learn_ceiling,
 )
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
+from palmyra_serve.sidecar.core import errors
 
 # vLLM CPU 0.32's series, trimmed: 16384 blocks x 128 tokens = 2 GiB of KV cache.
 CACHE_INFO = 'vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="16384"} 1.0\n'

@@ -4,8 +4,8 @@ changes of it."""
 from __future__ import annotations
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.admission import capacity
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-from palmyra_serve.sidecar.upstream import capacity
 
 # vLLM CPU 0.32's series, trimmed: 16384 blocks x 128 tokens = 2 GiB of KV cache.
 CACHE_LABELS = capacity.cache_config('vllm:cache_config_info{block_size="128",num_gpu_blocks="16384"} 1.0\n')

@@ -3,8 +3,9 @@ marking a request authenticated gives its connection's keep-alive back."""
 
 from __future__ import annotations
 
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.edge.protocol import DisconnectHook, mark_authenticated, raw_response
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.disconnect import DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.edge.protocol import raw_response
 
 
 def test_protocol_answers_are_complete_http_responses():

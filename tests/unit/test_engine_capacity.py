@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from palmyra_serve.sidecar.upstream import capacity as ec
+from palmyra_serve.sidecar.admission import capacity as ec
 
 # Captured from the vLLM 0.32 CPU engine serving the tiny stand-in (2 GiB KV), trimmed to the
 # series that matter plus neighbours; the label set is vLLM's CacheConfig.

@@ -15,8 +15,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import generate_latest
 from yarl import URL
 
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.upstream.failures import (
     UPSTREAM_FAILURES,
     ConnectFailed,
@@ -162,7 +162,7 @@ def test_anything_else_is_not_named_an_engine_failure() -> None:
 def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reaches_the_client():
     import orjson
 
-    from palmyra_serve.sidecar.errors import MAX_CLIENT_MESSAGE, from_engine
+    from palmyra_serve.sidecar.core.errors import MAX_CLIENT_MESSAGE, from_engine
 
     shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
     assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {

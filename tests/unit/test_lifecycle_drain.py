@@ -1,4 +1,4 @@
-"""lifecycle/drain.py: the one drain state readiness and admission share, through the app's
+"""core/drain.py: the one drain state readiness and admission share, through the app's
 SidecarState: announced, the replica is not ready yet still admits; closed, admission refuses
 newcomers and the drain waits for what is in flight."""
 
@@ -9,11 +9,11 @@ import asyncio
 import pytest
 
 from palmyra_serve.sidecar.admission.control import Draining
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 
 
 def test_one_drain_state_turns_readiness_first_then_closes_admission():
-    """The app's readiness and admission read one drain state (lifecycle/drain.py): announced, the
+    """The app's readiness and admission read one drain state (core/drain.py): announced, the
     replica is not ready yet still admits; closed, admission refuses and the drain waits."""
     from palmyra_serve.settings import Settings
     from palmyra_serve.sidecar.app import SidecarState

@@ -11,11 +11,11 @@ from typing import Literal
 import pytest
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.core.generation import GenerationResult
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.lifecycle import golden
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from palmyra_serve.sidecar.upstream.control import GenerationResult
 
 # Two prompts; at position 1 of "b" the reference is near a tie (margin 0.2), elsewhere sure (3.0).
 DOC = {

@@ -5,8 +5,8 @@ sidecar's own faults turn readiness false until a request completes or their hol
 
 from __future__ import annotations
 
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.lifecycle.health import HealthState
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 
 
 class Clock:

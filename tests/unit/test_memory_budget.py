@@ -9,10 +9,11 @@ import json
 from prometheus_client import generate_latest
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors, memory_budget
+from palmyra_serve.sidecar import memory_budget
 from palmyra_serve.sidecar.app import create_app
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from palmyra_serve.sidecar.routes import ROUTE_LABELS
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.routes import ROUTE_LABELS
 from palmyra_serve.sidecar.upstream import metrics_page
 from tests.helpers import deployed
 

@@ -1,4 +1,4 @@
-"""The two views of the sidecar's registry (observability/metrics.py): the probe port's full page and
+"""The two views of the sidecar's registry (core/metrics.py): the probe port's full page and
 the client port's, without every family that carries a `tenant` label. The app tier checks the
 same over real sockets (tests/app/test_tenants.py); here, the rule itself, including for a family
 added later or by a collector that declares no label names."""
@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from palmyra_serve.sidecar.observability.metrics import TENANT_LABEL, SidecarMetrics, tenant_families
+from palmyra_serve.sidecar.core.metrics import TENANT_LABEL, SidecarMetrics, tenant_families
 from palmyra_serve.sidecar.tenants.config import Tenants, TenantSpec
 
 
@@ -20,7 +20,7 @@ def _families(page: bytes) -> dict[str, list[dict[str, str]]]:
 
 def _metrics() -> SidecarMetrics:
     metrics = SidecarMetrics()
-    metrics.show_tenants(Tenants({"search": TenantSpec(name="search", requests_per_minute=5)}, {}))
+    metrics.show_tenants(Tenants({"search": TenantSpec(name="search", requests_per_minute=5)}, {}).by_name)
     metrics.count_tenant("search", 200, 3, 5)
     metrics.tenant_refusal("search", "rate_limit_requests")
     metrics.count_request("completions", 200)

@@ -3,7 +3,7 @@ its methods."""
 
 from __future__ import annotations
 
-from palmyra_serve.sidecar.routes import RELAYED
+from palmyra_serve.sidecar.core.routes import RELAYED
 
 
 def test_the_api_document_lists_exactly_the_relayed_routes():

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from palmyra_serve.sidecar.admission.limit import AdaptiveLimit, LimitConfig
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.relay.sse import SseAccount
-from palmyra_serve.sidecar.routes import Api
 from palmyra_serve.sidecar.tenants.reservation import demand
 from tests.helpers.clock import FakeClock
 

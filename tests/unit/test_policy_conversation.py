@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.prompt import messages_prompt, responses_prompt
+from palmyra_serve.sidecar.core.routes import RELAYED, Api
 from palmyra_serve.sidecar.policy import checks, structured
 from palmyra_serve.sidecar.policy.fields import BY_TARGET
 from palmyra_serve.sidecar.policy.inspect import inspect
-from palmyra_serve.sidecar.policy.prompt import messages_prompt, responses_prompt
-from palmyra_serve.sidecar.routes import RELAYED, Api
 from palmyra_serve.sidecar.tenants.reservation import demand
 
 LIMITS = checks.Limits(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.lax import as_int
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.policy.cost import CostLimits, check
-from palmyra_serve.sidecar.policy.lax import as_int
-from palmyra_serve.sidecar.routes import Api
 
 LIMITS = CostLimits(max_tokens=512, max_choices=8, max_logprobs=20)
 

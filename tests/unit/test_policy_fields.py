@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.routes import RELAYED
 from palmyra_serve.sidecar.policy import checks, structured
 from palmyra_serve.sidecar.policy.fields import BY_TARGET, CLIENT_ONLY, Decision
 from palmyra_serve.sidecar.policy.inspect import inspect
-from palmyra_serve.sidecar.routes import RELAYED
 
 HERE = Path(__file__).parent
 SNAPSHOT = json.loads((HERE / "data" / "vllm-request-fields.json").read_text())

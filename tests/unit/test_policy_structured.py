@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
 from palmyra_serve.sidecar.policy import structured
 from palmyra_serve.sidecar.policy.structured import StructuredLimits, check, repeat_units
 

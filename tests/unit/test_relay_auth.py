@@ -115,14 +115,14 @@ def test_an_oversized_tenants_file_is_refused_before_it_is_parsed(tmp_path):
 def test_a_reload_drops_the_series_of_removed_tenants():
     from prometheus_client import generate_latest
 
-    from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
+    from palmyra_serve.sidecar.core.metrics import SidecarMetrics
     from palmyra_serve.sidecar.tenants import config
 
     metrics = SidecarMetrics()
-    metrics.show_tenants(config.parse(_tenants_yaml(["alpha", "bravo"]), "f"))
+    metrics.show_tenants(config.parse(_tenants_yaml(["alpha", "bravo"]), "f").by_name)
     for name in ("alpha", "bravo"):
         metrics.count_tenant(name, 200, 3, 5)
         metrics.tenant_refusal(name, "rate_limit_tokens")
-    metrics.show_tenants(config.parse(_tenants_yaml(["alpha"]), "f"))
+    metrics.show_tenants(config.parse(_tenants_yaml(["alpha"]), "f").by_name)
     page = generate_latest(metrics.registry).decode()
     assert 'tenant="alpha"' in page and 'tenant="bravo"' not in page

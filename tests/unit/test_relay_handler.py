@@ -23,13 +23,13 @@ import pytest
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.control import build_admission
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.core.disconnect import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.record import RequestRecord
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability import access_log
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.relay.handler import Relay, request_id_from
-from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'

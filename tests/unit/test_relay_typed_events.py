@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES
 from palmyra_serve.sidecar.relay.typed_events import (
     MAX_BODY_BYTES,
@@ -22,7 +23,6 @@ from palmyra_serve.sidecar.relay.typed_events import (
     ResponsesAccount,
     usage_of,
 )
-from palmyra_serve.sidecar.routes import Api
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm-typed-events.json").read_text())["versions"]
 CASES = [(version, case) for version, cases in sorted(RECORDED.items()) for case in cases]

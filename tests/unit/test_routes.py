@@ -3,7 +3,7 @@ control app's paths; paths it does not relay (/v1/responses, /invocations, ...) 
 
 from __future__ import annotations
 
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, RELAYED
+from palmyra_serve.sidecar.core.routes import CONTROL_PATHS, RELAYED
 
 
 def test_relayed_routes_are_exact_paths_apart_from_the_control_app():

@@ -17,8 +17,9 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from palmyra_serve.sidecar.admission.fair_queue import FairQueue, Share
+from palmyra_serve.sidecar.admission.fair_queue import FairQueue
 from palmyra_serve.sidecar.admission.limit import SLO_UNREACHABLE, ConcurrencyGate, LimitConfig
+from palmyra_serve.sidecar.core.share import Share
 from palmyra_serve.sidecar.tenants.window import WINDOW_S, SlidingMinute
 from tests.helpers.clock import FakeClock
 

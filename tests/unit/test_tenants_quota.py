@@ -10,9 +10,9 @@ import asyncio
 import orjson
 import pytest
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.relay.usage_event import UsageEventFilter
-from palmyra_serve.sidecar.routes import Api
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import LocalStore, Quotas, duration
 from palmyra_serve.sidecar.tenants.reservation import demand
@@ -245,8 +245,8 @@ def test_a_request_cancelled_while_its_quota_is_asked_gives_its_concurrency_slot
 
 
 def test_what_a_request_is_charged_when_the_engine_reported_no_usage():
+    from palmyra_serve.sidecar.core.record import RequestRecord
     from palmyra_serve.sidecar.relay.handler import tokens_spent
-    from palmyra_serve.sidecar.relay.record import RequestRecord
     from palmyra_serve.sidecar.tenants.reservation import Demand
 
     demand = Demand(prompt_tokens=10, completion_tokens=100)

@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.core.record import RequestRecord
 from palmyra_serve.sidecar.observability.tracing import Tracing
-from palmyra_serve.sidecar.relay.record import RequestRecord
 from tests.helpers.otlp_receiver import otlp_receiver
 
 

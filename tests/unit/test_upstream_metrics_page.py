@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from palmyra_serve.sidecar.edge.protocol import DisconnectHook
+from palmyra_serve.sidecar.core.disconnect import DisconnectHook
 from palmyra_serve.sidecar.upstream import metrics_page
 from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 from palmyra_serve.sidecar.upstream.metrics_page import EngineMetricsCache, Fetched

@@ -23,18 +23,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from palmyra_serve import __version__
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import AdaptiveAdmission, build_admission, learn_ceiling
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-from palmyra_serve.sidecar.lifecycle.drain import DrainState
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.lifecycle.golden import GoldenReference
 from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.openapi import add_proxied_routes
 from palmyra_serve.sidecar.relay.auth import ApiKeys, credential, validate_engine_key
 from palmyra_serve.sidecar.relay.handler import Relay
-from palmyra_serve.sidecar.routes import CONTROL_PATHS, KEYED_CONTROL_PATHS, PROBE_PATHS
 from palmyra_serve.sidecar.tenants.wiring import build_quotas
 from palmyra_serve.sidecar.upstream.control import EngineClient, new_session
 from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES
@@ -77,8 +77,8 @@ class SidecarState:
         if self.quotas.remote is not None:
             metrics.bind_quota_store(lambda: 1.0 if self.quotas.remote_up else 0.0)
         keys = ApiKeys.from_settings(settings)  # AuthConfigError, TenantsFileError: serve() refuses to start
-        keys.on_tenants = metrics.show_tenants
-        metrics.show_tenants(keys.tenants)
+        keys.on_tenants = lambda tenants: metrics.show_tenants(tenants.by_name)
+        metrics.show_tenants(keys.tenants.by_name)
         self.relay = Relay(settings, metrics, self.admission, keys, self.health, self.quotas)
         metrics.bodies_arriving.set_function(self.relay.uploads_arriving)
         # GoldenFileError: serve() refuses to start, naming the file (lifecycle/golden.py).
@@ -88,7 +88,7 @@ class SidecarState:
 
     async def drain(self) -> bool:
         """Turn not-ready, keep serving for the propagation delay, then refuse (503 + Retry-After)
-        while listening and wait for in-flight work: the two steps of lifecycle/drain.py."""
+        while listening and wait for in-flight work: the two steps of core/drain.py."""
         self.health.begin_drain()
         if self.settings.drain_propagation_s > 0:
             # Endpoints and gateways still route here for a while: refusing now would fail those requests.

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
+from palmyra_serve.sidecar.core.errors import MAX_ERROR_BODY
 from palmyra_serve.sidecar.edge.protocol import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
-from palmyra_serve.sidecar.errors import MAX_ERROR_BODY
 from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES
 from palmyra_serve.sidecar.relay.usage import MAX_GAP_BYTES, MAX_USAGE_BYTES
 from palmyra_serve.sidecar.upstream.metrics_page import MAX_PAGE_BYTES, PAGE_COPIES
@@ -103,7 +103,7 @@ def non_relaying(settings: Settings) -> int:
 
 def body_budget(settings: Settings) -> int:
     """Request bodies held at once, over all connections (enforced by the relay: 503 beyond)."""
-    return (in_flight(settings) + settings.max_queue) * settings.max_body_bytes
+    return AdmissionPlan.of(settings).body_budget(settings.max_body_bytes)
 
 
 def terms(settings: Settings) -> list[Term]:

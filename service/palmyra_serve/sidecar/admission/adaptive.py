@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, FairQueue, Share
+from palmyra_serve.sidecar.admission.fair_queue import FairQueue
 from palmyra_serve.sidecar.admission.limit import QUEUE_TIMEOUT, ConcurrencyGate, Outcome, Ticket
 from palmyra_serve.sidecar.admission.protocol import Drainable, Draining, Refused
-from palmyra_serve.sidecar.lifecycle.drain import DrainState
+from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.share import DEFAULT_SHARE, Share
 
 log = logging.getLogger("palmyra.sidecar")
 

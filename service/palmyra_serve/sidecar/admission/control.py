@@ -23,8 +23,9 @@ import logging
 import time
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.admission import capacity
 from palmyra_serve.sidecar.admission.adaptive import AdaptiveAdmission
-from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, FairQueue, Share
+from palmyra_serve.sidecar.admission.fair_queue import FairQueue
 from palmyra_serve.sidecar.admission.limit import (
     QUEUE_FULL,
     QUEUE_TIMEOUT,
@@ -35,8 +36,8 @@ from palmyra_serve.sidecar.admission.limit import (
 )
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.admission.protocol import AdmissionControl, Drainable, Draining, Refused
-from palmyra_serve.sidecar.lifecycle.drain import DrainState
-from palmyra_serve.sidecar.upstream import capacity
+from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.share import DEFAULT_SHARE, Share
 
 __all__ = [
     "AdaptiveAdmission",
@@ -70,7 +71,7 @@ def limit_config(settings: Settings, plan: AdmissionPlan) -> LimitConfig:
 
 
 def build_admission(settings: Settings, plan: AdmissionPlan, drain: DrainState | None = None) -> AdmissionControl:
-    """The admission the plan describes (admission/plan.py), closed by `drain` (lifecycle/drain.py).
+    """The admission the plan describes (admission/plan.py), closed by `drain` (core/drain.py).
     Adaptive starts under the ceiling the plan knows without the engine; learn_ceiling() narrows it
     once the engine answers."""
     if plan.fixed:

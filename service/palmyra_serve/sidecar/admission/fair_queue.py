@@ -20,23 +20,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from palmyra_serve.sidecar.core.share import Share
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Share:
-    tenant: str = "default"
-    weight: float = 1.0
-    queue_share: float = 1.0  # the part of max_queue this tenant may hold, in (0, 1]
-
-    def queue_cap(self, max_queue: int) -> int:
-        return max(1, int(max_queue * self.queue_share)) if max_queue > 0 else 0
-
-
-DEFAULT_SHARE = Share()
 
 
 class FairQueue(Generic[T]):

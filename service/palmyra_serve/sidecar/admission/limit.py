@@ -49,7 +49,7 @@ concurrency-limits Gradient2/AIMD, adapted to LLM serving):
   little about how the batch slows every stream, and the first streams after a raise run in a
   batch still filling up (measured: without the full-batch condition, slow start doubled 64 -> 256
   in two windows at 2x capacity while the streams admitted at 256 were all late).
-- Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see upstream/capacity.py:
+- Bounds: `min_limit` (the floor) <= limit <= the ceiling from the engine (see admission/capacity.py:
   vLLM's max_num_seqs and its KV capacity in requests), read once at start.
 - Adaptive only: fixed mode (PALMYRA_ADMISSION_MODE=fixed, a limit that never moves) is
   admission/control.py's Admission, which has none of this arithmetic to run.
@@ -96,8 +96,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.admission.fair_queue import DEFAULT_SHARE, Share
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.share import DEFAULT_SHARE, Share
 
 Outcome = Literal["ok", "ignore"]  # ok: a measured success; ignore: nothing learnt (any failure)
 

@@ -4,7 +4,7 @@ Fixed or adaptive; the most requests the engine may hold at once (the ceiling), 
 starts and how low it may go; whether the ceiling is still the engine's to say; which relayed
 routes take a slot; the queue's bounds. AdmissionPlan.of(settings) builds it; where the ceiling
 comes from the engine, learned() gives the plan under the ceiling its /metrics page shows
-(upstream/capacity.py).
+(admission/capacity.py).
 
 Readers: admission/control.py (build_admission() builds the admission the plan describes,
 learn_ceiling() applies learned()), app.py (builds the plan once, and reads the engine's capacity
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.upstream import capacity
+from palmyra_serve.sidecar.admission import capacity
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,11 @@ class AdmissionPlan:
         if self.fixed:
             return self.ceiling
         return self.initial or max(self.floor, self.ceiling // 2)
+
+    def body_budget(self, max_body_bytes: int) -> int:
+        """Request bodies held at once, over all connections: every admitted and every queued
+        request's (enforced by the relay: 503 beyond; memory_budget.py counts it)."""
+        return (self.ceiling + self.max_queue) * max_body_bytes
 
     def learned(self, cache_labels: dict[str, str]) -> AdmissionPlan:
         """The plan under the engine's own ceiling, min(max_num_seqs, KV requests), from the labels

@@ -4,7 +4,7 @@ Two implement it: fixed mode's Admission (admission/control.py) and AdaptiveAdmi
 (admission/adaptive.py); admission/control.py's build_admission() picks one. Refusals are
 exceptions the caller turns into HTTP (errors.py owns the shape): `Refused` is a 429 with its
 reason and Retry-After, counted under palmyra_rejections{reason}; `Draining` a 503 with the
-caller's own Retry-After. `Drainable` is the drain both share, on lifecycle/drain.py's state.
+caller's own Retry-After. `Drainable` is the drain both share, on core/drain.py's state.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from palmyra_serve.sidecar.admission.fair_queue import Share
 from palmyra_serve.sidecar.admission.limit import Decision, Outcome, Ticket
-from palmyra_serve.sidecar.lifecycle.drain import DrainState
+from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.share import Share
 
 
 class Refused(Exception):
@@ -57,7 +57,7 @@ class AdmissionControl(Protocol):
 
 class Drainable:
     """The drain of both admissions: drain() closes the drain state (shared with readiness when the
-    app passes one; lifecycle/drain.py says who sets and reads it) and waits for `_idle`, which the
+    app passes one; core/drain.py says who sets and reads it) and waits for `_idle`, which the
     subclass sets whenever nothing is in flight or queued and clears when something is."""
 
     def __init__(self, drain: DrainState | None = None) -> None:

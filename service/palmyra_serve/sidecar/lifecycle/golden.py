@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palmyra_serve.sidecar.upstream.control import EngineClient
+from palmyra_serve.sidecar.lifecycle.engine import Engine
 
 log = logging.getLogger("palmyra.golden")
 
@@ -135,7 +135,7 @@ class CheckResult:
         }
 
 
-async def check(engine: EngineClient, model: str, reference: GoldenReference, tolerance: float) -> CheckResult:
+async def check(engine: Engine, model: str, reference: GoldenReference, tolerance: float) -> CheckResult:
     """Replay every golden prompt through the engine, one at a time, and judge the answers."""
     result = CheckResult("agree")
     began = time.monotonic()

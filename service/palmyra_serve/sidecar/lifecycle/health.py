@@ -18,9 +18,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from palmyra_serve.sidecar.lifecycle.drain import DrainState
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from palmyra_serve.sidecar.upstream.control import EngineClient
+from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
+from palmyra_serve.sidecar.lifecycle.engine import Engine
 
 # The sidecar's own code failing requests (an unexpected exception in the relay, never an engine
 # error or a client's doing): this many in a row, with no request completed between them, and the
@@ -111,7 +111,7 @@ class HealthState:
 
     @property
     def draining(self) -> bool:
-        """Announced (lifecycle/drain.py): not ready from now on, whatever else holds."""
+        """Announced (core/drain.py): not ready from now on, whatever else holds."""
         return self.drain_state.announced
 
     def begin_drain(self) -> None:
@@ -163,7 +163,7 @@ class HealthState:
         return ready, body
 
 
-async def poll_engine_health(state: HealthState, engine: EngineClient, interval_s: float) -> None:
+async def poll_engine_health(state: HealthState, engine: Engine, interval_s: float) -> None:
     """Forever: ask the engine's /health, record the answer. A hang shows as a timeout."""
     timeout = max(1.0, min(5.0, interval_s * 2))
     while True:

@@ -22,10 +22,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from palmyra_serve.settings import Settings
+from palmyra_serve.sidecar.core.generation import GenerationResult
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.lifecycle import golden
+from palmyra_serve.sidecar.lifecycle.engine import Engine
 from palmyra_serve.sidecar.lifecycle.health import HealthState
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
-from palmyra_serve.sidecar.upstream.control import EngineClient, GenerationResult
 
 log = logging.getLogger("palmyra.warmup")
 
@@ -88,7 +89,7 @@ class Supervisor:
         self,
         settings: Settings,
         state: HealthState,
-        engine: EngineClient,
+        engine: Engine,
         metrics: SidecarMetrics,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         reference: golden.GoldenReference | None = None,

@@ -51,8 +51,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from palmyra_serve import SIDECAR_SERVICE_NAME, __version__
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar.relay.record import RequestRecord
-from palmyra_serve.sidecar.routes import RELAYED
+from palmyra_serve.sidecar.core.record import RequestRecord
+from palmyra_serve.sidecar.core.routes import RELAYED
 
 # How long a stop waits for the last spans to leave, after the drain: a collector that is away
 # would otherwise hold the exit for the exporter's retries.

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.lax import as_int
 from palmyra_serve.sidecar.policy import structured
-from palmyra_serve.sidecar.policy.lax import as_int
 
 MAX_MODEL_NAME = 256  # longer than any served name; vLLM echoes an unknown one in its 404
 MAX_STOP_CHARS = 1000  # each stop string is searched for in the new text at every token

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
 from palmyra_serve.sidecar.policy import checks
 
 # Responses input items this service serves: messages, function calls and their outputs, and the

@@ -1,5 +1,5 @@
 """What a generation request will cost the engine, checked on the values vLLM will actually use
-(read laxly, policy/lax.py), before it takes an admission slot.
+(read laxly, core/lax.py), before it takes an admission slot.
 
 Checked (vLLM 0.32's CompletionRequest / ChatCompletionRequest / ResponsesRequest /
 AnthropicMessagesRequest fields):
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.policy.lax import as_int
-from palmyra_serve.sidecar.routes import Api
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.lax import as_int
+from palmyra_serve.sidecar.core.routes import Api
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _ROLES_TEXT = ", ".join(sorted(CHAT_ROLES))

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.lax import as_bool, as_dict, as_int
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.policy import checks, cost
 from palmyra_serve.sidecar.policy.fields import Decision, Rule
-from palmyra_serve.sidecar.policy.lax import as_bool, as_dict, as_int
-from palmyra_serve.sidecar.routes import Api
 
 
 @dataclass(slots=True)
@@ -80,7 +80,7 @@ def _prompt_logprobs(payload: dict, api: Api) -> bool:
 
 
 def _check_prompt_logprobs(payload: dict, api: Api, limits: checks.Limits, seen: checks.Seen) -> None:
-    from palmyra_serve.sidecar.policy.prompt import prompt_estimate
+    from palmyra_serve.sidecar.core.prompt import prompt_estimate
 
     prompt = prompt_estimate(payload, api, seen.extra_prompt_bytes)
     if prompt > limits.prompt_logprobs_max_tokens:

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
 
 # Nesting of a schema (or of any structured field): far more than real schemas use, far less than
 # the Python recursion that would otherwise stop the walk.

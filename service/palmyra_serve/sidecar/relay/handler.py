@@ -4,7 +4,7 @@ Per request: match the allow-list (routes.py; anything else is refused here, nev
 check the key, read the body under a size and time limit, check a generation's cost on the values
 vLLM will use (policy/cost.py), take an admission slot,
 send upstream, relay status, headers and every chunk as it arrives (never buffered), count it in
-the metrics and fill in its RequestRecord (relay/record.py): the access log's line is that record's
+the metrics and fill in its RequestRecord (core/record.py): the access log's line is that record's
 rendering, and admission learns from it. A client that goes away, streamed or not, cancels the
 relay at once (the front end's DisconnectHook, or ASGI's http.disconnect under another server);
 that closes the engine connection, which makes vLLM abort the generation.
@@ -22,25 +22,24 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from palmyra_serve.settings import Settings
-from palmyra_serve.sidecar import errors
 from palmyra_serve.sidecar.admission.control import Admission, AdmissionControl, Draining, Refused, Ticket
-from palmyra_serve.sidecar.admission.fair_queue import Share
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.disconnect import DISCONNECT_HOOK, DisconnectHook, mark_authenticated
+from palmyra_serve.sidecar.core.metrics import SidecarMetrics
+from palmyra_serve.sidecar.core.record import RequestRecord
+from palmyra_serve.sidecar.core.routes import GENERATION_ROUTES, OTHER, RELAYED, Api, Route
+from palmyra_serve.sidecar.core.share import Share
 from palmyra_serve.sidecar.lifecycle.health import HealthState
-from palmyra_serve.sidecar.memory_budget import body_budget
 from palmyra_serve.sidecar.observability.access_log import AccessLog
-from palmyra_serve.sidecar.observability.metrics import SidecarMetrics
 from palmyra_serve.sidecar.policy import checks, structured
 from palmyra_serve.sidecar.policy.fields import BY_TARGET
 from palmyra_serve.sidecar.policy.inspect import inspect
 from palmyra_serve.sidecar.relay.auth import ApiKeys, credential
-from palmyra_serve.sidecar.relay.record import RequestRecord
 from palmyra_serve.sidecar.relay.sse import SseAccount
 from palmyra_serve.sidecar.relay.typed_events import BodyUsage, MessagesAccount, ResponsesAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 from palmyra_serve.sidecar.relay.usage_event import UsageEventFilter
-from palmyra_serve.sidecar.routes import GENERATION_ROUTES, OTHER, RELAYED, Api, Route
 from palmyra_serve.sidecar.tenants import reservation
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.quota import Quotas, Reservation
@@ -116,7 +115,8 @@ class Relay:
         self.settings = settings
         self.metrics = metrics
         self.admission = admission
-        self.gate_all = AdmissionPlan.of(settings).gate_all  # which routes take a slot: the plan's call
+        plan = AdmissionPlan.of(settings)
+        self.gate_all = plan.gate_all  # which routes take a slot: the plan's call
         self.tokenize_gate = Admission(
             settings.tokenize_max_in_flight,
             settings.tokenize_max_queue,
@@ -131,7 +131,7 @@ class Relay:
         self.access_log = AccessLog()
         # Bodies held in memory at once, over all connections: reading a body happens before
         # admission, so without this cap max_connections slow uploads could each hold a full body.
-        self.body_budget = body_budget(settings)
+        self.body_budget = plan.body_budget(settings.max_body_bytes)
         self.body_held = 0
         self._uploads: set[asyncio.Task] = set()  # requests whose body is still arriving
         self._uploads_refused = False

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
+from palmyra_serve.sidecar.core.routes import Api
 from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES, SseAccount
-from palmyra_serve.sidecar.routes import Api
 
 # What a non-streamed body of these APIs may be to have its usage read: the same as one event of a
 # stream (memory_budget.py counts one or the other per generation).

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from palmyra_serve.sidecar.admission.fair_queue import Share
+from palmyra_serve.sidecar.core.share import Share
 
 DEFAULT_TENANT = "default"
 # Tenant names are Prometheus label values and log fields: short and plain.

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
 from palmyra_serve.sidecar.tenants.config import TenantSpec
 from palmyra_serve.sidecar.tenants.window import SlidingMinute
 

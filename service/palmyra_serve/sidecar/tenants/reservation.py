@@ -1,6 +1,6 @@
 """What a generation reserves against its tenant's tokens per minute before its usage is known.
 
-The sidecar has no tokenizer, so the reservation is an estimate (policy/prompt.py for the prompt),
+The sidecar has no tokenizer, so the reservation is an estimate (core/prompt.py for the prompt),
 corrected when the request ends by the engine's own usage report (quota.Quotas.settle). The
 completion part covers everything that makes the engine generate, read as vLLM reads it:
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from palmyra_serve.sidecar.policy.lax import as_bool, as_int
-from palmyra_serve.sidecar.policy.prompt import completion_prompt, prompt_estimate
-from palmyra_serve.sidecar.routes import Api
+from palmyra_serve.sidecar.core.lax import as_bool, as_int
+from palmyra_serve.sidecar.core.prompt import completion_prompt, prompt_estimate
+from palmyra_serve.sidecar.core.routes import Api
 
 # The field that caps a sequence's tokens, by API (chat: max_completion_tokens first).
 _CAP_FIELDS = {

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from palmyra_serve.sidecar.core.generation import GenerationResult
 from palmyra_serve.sidecar.upstream.failures import PageTooLarge
 
 
@@ -35,15 +36,6 @@ class EnginePage:
     content_type: str
     content_encoding: str | None
     body: bytes
-
-
-@dataclass
-class GenerationResult:
-    ok: bool
-    seconds: float
-    error: str | None = None
-    tokens: int = 0
-    token_ids: list[int] | None = None  # the first choice's, when the payload asked (return_token_ids)
 
 
 class EngineClient:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from palmyra_serve.sidecar.errors import ErrorCode
+from palmyra_serve.sidecar.core.errors import ErrorCode
 
 
 class UpstreamError(Exception):

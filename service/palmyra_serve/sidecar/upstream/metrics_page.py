@@ -40,8 +40,8 @@ from typing import Any
 import aiohttp
 from starlette.responses import Response
 
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.edge.protocol import DISCONNECT_HOOK, DisconnectHook
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.disconnect import DISCONNECT_HOOK, DisconnectHook
 from palmyra_serve.sidecar.upstream.control import EngineClient
 from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES, PageTooLarge, code_of
 

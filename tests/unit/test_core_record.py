@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from palmyra_serve.sidecar.relay.record import ACCESS_LOG_KEYS, RequestRecord
+from palmyra_serve.sidecar.core.record import ACCESS_LOG_KEYS, RequestRecord
 
 
 def test_a_record_with_every_field_set_writes_every_documented_key_in_order() -> None:
@@ -24,6 +24,7 @@ def test_a_record_with_every_field_set_writes_every_documented_key_in_order() ->
         upstream_error="engine_timeout",
         upstream_detail="no answer in 3 s",
         truncated=True,
+        usage_missing=True,
         engine_error_event=True,
         client_disconnected=True,
         tenant="search",

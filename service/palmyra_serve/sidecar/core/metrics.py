@@ -11,7 +11,8 @@ business of whoever can reach it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,9 +26,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from palmyra_serve import __version__
-from palmyra_serve.sidecar import errors
-from palmyra_serve.sidecar.routes import ROUTE_LABELS
-from palmyra_serve.sidecar.tenants.config import Tenants
+from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core.routes import ROUTE_LABELS
 
 # Label values are error codes (errors.py): a rejection's reason and an upstream failure's kind
 # are the `code` of the error the client got.
@@ -45,6 +45,19 @@ TENANT_LABEL = "tenant"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class TenantLimits(Protocol):
+    """What the metrics show of a tenant (tenants/config.py's TenantSpec)."""
+
+    @property
+    def requests_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+
+    @property
+    def max_concurrent(self) -> int | None: ...
 
 
 class SidecarMetrics:
@@ -306,14 +319,14 @@ class SidecarMetrics:
         self.quota_store_up.set_function(up)
         self.registry.register(self.quota_store_up)
 
-    def show_tenants(self, tenants: Tenants) -> None:
+    def show_tenants(self, tenants: Mapping[str, TenantLimits]) -> None:
         """The tenants file's limits as gauges, and every tenant's token series from 0 (so that the
         first request's tokens count in increase()); called at start and on every reload, which also
         drops every series of a tenant the file no longer names: /metrics stays bounded by the
         current file."""
         self.tenant_limit.clear()
-        self._drop_tenants_except(set(tenants.by_name))
-        for name, spec in tenants.by_name.items():
+        self._drop_tenants_except(set(tenants))
+        for name, spec in tenants.items():
             for limit in ("requests_per_minute", "tokens_per_minute", "max_concurrent"):
                 value = getattr(spec, limit)
                 if value:

@@ -16,8 +16,8 @@ from typing import Any, Self
 
 import orjson
 
-from palmyra_serve.sidecar import error_shapes
-from palmyra_serve.sidecar.routes import Api
+from palmyra_serve.sidecar.core import error_shapes
+from palmyra_serve.sidecar.core.routes import Api
 
 
 class Family(Enum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from palmyra_serve.sidecar.routes import Api
+from palmyra_serve.sidecar.core.routes import Api
 
 BYTES_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from palmyra_serve.sidecar import errors
+from palmyra_serve.sidecar.core import errors
 
 _INT = TypeAdapter(int)
 _BOOL = TypeAdapter(bool)

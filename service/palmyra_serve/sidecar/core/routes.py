@@ -95,7 +95,7 @@ assert KEYED_CONTROL_PATHS <= CONTROL_PATHS
 # kubelet's probes (and Compose's healthcheck) keep their own door, so clients holding every
 # connection the main port allows cannot make a busy replica look dead and get its containers
 # restarted; and Prometheus reads the full /metrics there, per-tenant series included, which the
-# client port's /metrics leaves out (observability/metrics.py, ClientView).
+# client port's /metrics leaves out (core/metrics.py, ClientView).
 PROBE_PATHS = frozenset({"/health", "/health/sidecar", "/ready", "/metrics"})
 assert PROBE_PATHS <= CONTROL_PATHS
 
