@@ -212,7 +212,7 @@ def test_the_sidecar_worst_case_memory_fits_its_limit(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_client_keys_are_a_required_secret_file_that_follows_rotation(overlay):
     """An env var from a Secret is fixed at container start; a Secret volume without subPath is
-    updated in place, and the sidecar re-reads the file (sidecar/relay/auth.py). Not optional: a Secret
+    updated in place, and the sidecar re-reads the file (sidecar/tenants/keys.py). Not optional: a Secret
     without api-keys keeps the pod from starting (auth fails closed)."""
     spec = pod_spec(render(overlay))
     sidecar = container(spec, "sidecar")

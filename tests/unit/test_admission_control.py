@@ -140,7 +140,7 @@ def test_admission_queue_timeout_and_drain():
 
 
 @pytest.mark.parametrize("reason", errors.OVERLOAD_CODES)
-def test_every_admission_refusal_is_a_429_with_its_reason_and_retry_after(reason: str) -> None:
+def test_every_admission_refusal_is_a_429_with_its_reason_and_retry_after(reason: errors.ErrorCode) -> None:
     err = errors.overloaded(reason, 7)
     assert (err.status, err.code, err.retry_after) == (429, reason, 7)
     assert json.loads(err.body())["error"]["code"] == reason

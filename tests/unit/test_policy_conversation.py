@@ -207,7 +207,7 @@ def test_errors_take_the_routes_own_shape():
     }
     assert orjson.loads(exc.body_for(Api.RESPONSES, "rid"))["error"]["code"] == "max_tokens_too_large"
     assert orjson.loads(errors.unauthorized().body_for(Api.MESSAGES, None))["error"]["type"] == "authentication_error"
-    overloaded = errors.overloaded("queue_full", 1)
+    overloaded = errors.overloaded(errors.ErrorCode.QUEUE_FULL, 1)
     assert orjson.loads(overloaded.body_for(Api.MESSAGES, None))["error"]["type"] == "rate_limit_error"
     event = errors.stream_interrupted().sse_event(Api.MESSAGES)
     assert event.startswith(b"event: error\ndata: ") and b'"type":"api_error"' in event

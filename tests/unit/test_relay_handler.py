@@ -25,11 +25,12 @@ from palmyra_serve.sidecar.admission.control import build_admission
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
 from palmyra_serve.sidecar.core.disconnect import DISCONNECT_HOOK, DisconnectHook
 from palmyra_serve.sidecar.core.metrics import SidecarMetrics
-from palmyra_serve.sidecar.core.record import RequestRecord
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability import access_log
-from palmyra_serve.sidecar.relay.auth import ApiKeys
-from palmyra_serve.sidecar.relay.handler import Relay, request_id_from
+from palmyra_serve.sidecar.relay.handler import Relay
+from palmyra_serve.sidecar.relay.ingress import request_id_from
+from palmyra_serve.sidecar.tenants.keys import ApiKeys
+from palmyra_serve.sidecar.tenants.tenancy import Tenancy
 from palmyra_serve.sidecar.upstream.failures import StreamInterrupted
 
 BODY = b'{"model": "m", "prompt": "hi", "max_tokens": 8, "stream": true}'
@@ -94,12 +95,17 @@ class Harness:
             release(ticket, itl_s, outcome)
 
         self.admission.release = spy  # type: ignore[method-assign]  # a spy: the real release still runs
-        self.relay = Relay(
-            self.settings, self.metrics, self.admission, ApiKeys.from_settings(self.settings), self.health
-        )
         self.log = io.StringIO()
-        self.relay.access_log = access_log.AccessLog(self.log)
-        self.relay.pool = ScriptedPool(response)  # type: ignore[assignment]
+        self.pool = ScriptedPool(response)
+        self.relay = Relay(
+            self.settings,
+            self.metrics,
+            self.admission,
+            Tenancy(self.settings, ApiKeys.from_settings(self.settings)),
+            self.health,
+            pool=self.pool,  # type: ignore[arg-type]
+            access_log=access_log.AccessLog(self.log),
+        )
         self.sent: list[dict] = []
 
     async def call(self, receive: Callable[[], Awaitable[dict]], scope_extra: dict | None = None) -> None:
@@ -116,7 +122,7 @@ class Harness:
             self.sent.append(message)
 
         await self.relay(scope, receive, send)
-        self.relay.access_log.flush()
+        self.relay.publish.access_log.flush()
 
     def logged(self) -> dict:
         lines = self.log.getvalue().splitlines()
@@ -162,8 +168,8 @@ def test_a_stream_is_relayed_chunk_by_chunk_counted_logged_and_taught_to_admissi
     bodies = [m for m in h.sent if m["type"] == "http.response.body"]
     assert [m["body"] for m in bodies] == chunks  # one write per chunk as it came, never buffered
     assert bodies[-1]["more_body"] is False and all(m["more_body"] for m in bodies[:-1])
-    assert h.relay.pool.response.released  # type: ignore[union-attr]
-    method, target, headers = h.relay.pool.requests[0]  # type: ignore[union-attr]
+    assert h.pool.response.released
+    method, target, headers = h.pool.requests[0]
     assert (method, target) == ("POST", b"/v1/completions") and (b"x-request-id", b"req-1") in headers
 
     line = h.logged()
@@ -192,7 +198,7 @@ def test_a_client_leaving_mid_stream_cancels_the_relay_under_a_plain_asgi_server
     asyncio.run(scenario())
     line = h.logged()
     assert line["status"] == 499 and line["client_disconnected"] is True
-    assert h.relay.pool.response.released  # type: ignore[union-attr]  # the engine connection is closed
+    assert h.pool.response.released  # the engine connection is closed
     assert h.learnt == [(None, "ignore")] and h.admission.in_flight == 0
 
 
@@ -245,7 +251,7 @@ def test_request_ids():
 
 
 def test_response_headers_are_an_allow_list_of_what_describes_the_body():
-    from palmyra_serve.sidecar.relay.handler import _response_headers
+    from palmyra_serve.sidecar.relay.pump import response_headers
 
     class Resp:
         raw_headers: ClassVar[list[tuple[bytes, bytes]]] = [
@@ -264,8 +270,7 @@ def test_response_headers_are_an_allow_list_of_what_describes_the_body():
             (b"x-request-id", b"engine's"),
         ]
 
-    record = RequestRecord("rid-1", "POST", "/v1/completions", "completions")
-    headers = _response_headers(Resp(), "rid-1", record)  # type: ignore[arg-type]
+    headers = response_headers(Resp(), "rid-1", [])  # type: ignore[arg-type]
     assert headers == [
         (b"Content-Type", b"application/json"),
         (b"content-length", b"12"),
@@ -280,8 +285,8 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     from palmyra_serve.settings import Settings
     from palmyra_serve.sidecar.admission.control import build_admission
     from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-    from palmyra_serve.sidecar.relay.auth import ApiKeys
     from palmyra_serve.sidecar.relay.handler import Relay
+    from palmyra_serve.sidecar.tenants.keys import ApiKeys
 
     settings = Settings(auth_disabled=True)
     metrics = SidecarMetrics()
@@ -289,12 +294,12 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     health.record_health(True, "ok")
     health.set_phase("ready")
     admission = build_admission(settings, AdmissionPlan.of(settings))
-    relay = Relay(settings, metrics, admission, ApiKeys.from_settings(settings), health)
+    relay = Relay(settings, metrics, admission, Tenancy(settings, ApiKeys.from_settings(settings)), health)
 
-    def broken(body: bytes, entry: object, tenant: object, record: object) -> None:
+    def broken(ctx: object) -> None:
         raise RuntimeError("a bug in the sidecar")
 
-    relay._inspect = broken  # type: ignore[method-assign,assignment]  # the injected fault
+    relay.inspect = broken  # type: ignore[method-assign]  # the injected fault
     sent: list[dict] = []
 
     async def receive() -> dict:

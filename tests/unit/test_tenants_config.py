@@ -1,5 +1,5 @@
 """tenants/config.py: the tenants file. Digests only, every mistake refused with its line, the
-`default` tenant for plain keys, each tenant's share of the queue; and relay/auth.py naming the
+`default` tenant for plain keys, each tenant's share of the queue; and tenants/keys.py naming the
 tenant of a key, reloading the file and keeping the previous tenants when a new file is invalid."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from palmyra_serve.sidecar.relay.auth import ApiKeys
 from palmyra_serve.sidecar.tenants.config import DEFAULT_TENANT, TenantsFileError, key_digest, parse
+from palmyra_serve.sidecar.tenants.keys import ApiKeys
 
 SEARCH_KEY = "search-team-key-0123456789"
 BATCH_KEY = "batch-team-key-0123456789"

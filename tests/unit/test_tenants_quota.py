@@ -246,8 +246,8 @@ def test_a_request_cancelled_while_its_quota_is_asked_gives_its_concurrency_slot
 
 def test_what_a_request_is_charged_when_the_engine_reported_no_usage():
     from palmyra_serve.sidecar.core.record import RequestRecord
-    from palmyra_serve.sidecar.relay.handler import tokens_spent
     from palmyra_serve.sidecar.tenants.reservation import Demand
+    from palmyra_serve.sidecar.tenants.tenancy import spent as tokens_spent
 
     demand = Demand(prompt_tokens=10, completion_tokens=100)
 
@@ -261,3 +261,5 @@ def test_what_a_request_is_charged_when_the_engine_reported_no_usage():
     assert charged(status=499, client_disconnected=True, tokens_seen=150) == 160  # more than reserved
     assert charged(status=400) == 0  # the engine refused it
     assert charged(status=502, tokens_seen=5) == 15  # the engine failed: prompt and tokens relayed
+    # An API that always reports usage, whose report was past the accounting's cap: the reservation.
+    assert charged(status=200, usage_missing=True, completion_tokens=0, tokens_seen=2) == 110

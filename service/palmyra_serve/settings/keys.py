@@ -15,7 +15,7 @@ def split_keys(text: str) -> list[str]:
 
 # The one rule for keys that must not be used: the values the repository's examples carry (.env,
 # compose/*.env, READMEs), the usual suspects, and anything short enough to guess. Client keys
-# (sidecar/relay/auth.py), the engine key at sidecar start and the engine launcher all apply it.
+# (sidecar/tenants/keys.py), the engine key at sidecar start and the engine launcher all apply it.
 MIN_KEY_CHARS = 8
 KEY_RECIPE = "openssl rand -hex 32"
 PLACEHOLDER_KEYS = frozenset(

@@ -33,8 +33,9 @@ from palmyra_serve.sidecar.lifecycle.golden import GoldenReference
 from palmyra_serve.sidecar.lifecycle.health import HealthState, poll_engine_health
 from palmyra_serve.sidecar.lifecycle.warmup import Supervisor
 from palmyra_serve.sidecar.openapi import add_proxied_routes
-from palmyra_serve.sidecar.relay.auth import ApiKeys, credential, validate_engine_key
 from palmyra_serve.sidecar.relay.handler import Relay
+from palmyra_serve.sidecar.tenants.keys import ApiKeys, credential, validate_engine_key
+from palmyra_serve.sidecar.tenants.tenancy import Tenancy
 from palmyra_serve.sidecar.tenants.wiring import build_quotas
 from palmyra_serve.sidecar.upstream.control import EngineClient, new_session
 from palmyra_serve.sidecar.upstream.failures import UPSTREAM_FAILURES
@@ -45,7 +46,6 @@ from palmyra_serve.sidecar.upstream.metrics_page import (
     PageResponse,
     engine_fetch,
 )
-from palmyra_serve.sidecar.upstream.pool import EnginePool
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -79,7 +79,8 @@ class SidecarState:
         keys = ApiKeys.from_settings(settings)  # AuthConfigError, TenantsFileError: serve() refuses to start
         keys.on_tenants = lambda tenants: metrics.show_tenants(tenants.by_name)
         metrics.show_tenants(keys.tenants.by_name)
-        self.relay = Relay(settings, metrics, self.admission, keys, self.health, self.quotas)
+        self.tenancy = Tenancy(settings, keys, self.quotas)
+        self.relay = Relay(settings, metrics, self.admission, self.tenancy, self.health)
         metrics.bodies_arriving.set_function(self.relay.uploads_arriving)
         # GoldenFileError: serve() refuses to start, naming the file (lifecycle/golden.py).
         self.golden = GoldenReference.load(settings.golden_file) if settings.golden_file else None
@@ -154,7 +155,7 @@ class SidecarApp:
         headers = scope["headers"]
         auth = next((value for name, value in headers if name == b"authorization"), None)
         api_key = next((value for name, value in headers if name == b"x-api-key"), None)
-        return self.relay.keys.check(credential(auth, api_key))
+        return self.relay.tenancy.keys.check(credential(auth, api_key))
 
 
 def _scope_server_port(scope: Mapping[str, Any]) -> int | None:
@@ -185,7 +186,6 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         own_session = session is None
         state.session = session or new_session(settings.connect_timeout_s, settings.read_timeout_s)
-        state.relay.pool = EnginePool(settings.engine_url, settings.connect_timeout_s, settings.read_timeout_s)
         engine = EngineClient(state.session, settings.engine_url, settings.engine_api_key)
         state.engine_metrics = EngineMetricsCache(
             engine_fetch(engine, lambda: state.admission.queued), settings.retry_after_s
@@ -202,7 +202,11 @@ def create_app(
         log.info(
             "sidecar started",
             extra={
-                "fields": {"version": __version__, "engine_url": settings.engine_url, "auth": state.relay.keys.enabled}
+                "fields": {
+                    "version": __version__,
+                    "engine_url": settings.engine_url,
+                    "auth": state.tenancy.keys.enabled,
+                }
             },
         )
         try:
@@ -211,12 +215,10 @@ def create_app(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            state.relay.pool.close()
             await state.quotas.close()
-            state.relay.access_log.flush()
-            if state.relay.tracing is not None:
-                # The last requests' spans leave before the process does (bounded wait).
-                await asyncio.to_thread(state.relay.tracing.shutdown)
+            # The engine connections closed, the access log flushed, the last requests' spans sent
+            # before the process goes (a bounded wait).
+            await state.relay.close()
             if own_session:
                 await state.session.close()
 

@@ -23,8 +23,8 @@ from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
 from palmyra_serve.sidecar.edge.protocol import bounded_protocol
 from palmyra_serve.sidecar.lifecycle.golden import GoldenFileError
-from palmyra_serve.sidecar.relay.auth import AuthConfigError
 from palmyra_serve.sidecar.tenants.config import TenantsFileError
+from palmyra_serve.sidecar.tenants.keys import AuthConfigError
 
 log = logging.getLogger("palmyra.sidecar")
 
@@ -44,7 +44,7 @@ class DrainingServer(uvicorn.Server):
 
     def _reload(self) -> None:
         log.info("SIGHUP: reading the key and tenants files again")
-        self.sidecar.relay.keys.reload_now()
+        self.sidecar.tenancy.keys.reload_now()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the

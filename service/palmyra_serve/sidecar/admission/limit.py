@@ -165,7 +165,7 @@ class Decision:
     action: Literal["admit", "queue", "refuse"]
     ticket: Ticket | None = None  # admit
     deadline: float | None = None  # queue: refuse with QUEUE_TIMEOUT if still waiting then
-    reason: str | None = None  # refuse
+    reason: errors.ErrorCode | None = None  # refuse: an overload code
     retry_after_s: int | None = None  # refuse
 
 
@@ -385,7 +385,7 @@ class ConcurrencyGate:
             return self.config.retry_after_max_s
         return int(max(1, math.ceil(excess)))
 
-    def refusal(self, reason: str, share: Share = DEFAULT_SHARE, ahead: int | None = None) -> Decision:
+    def refusal(self, reason: errors.ErrorCode, share: Share = DEFAULT_SHARE, ahead: int | None = None) -> Decision:
         return Decision("refuse", reason=reason, retry_after_s=self.retry_after_s(share, ahead))
 
     # --- the calls admission makes ---------------------------------------------------------

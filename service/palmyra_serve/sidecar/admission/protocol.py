@@ -14,11 +14,12 @@ from typing import Protocol
 
 from palmyra_serve.sidecar.admission.limit import Decision, Outcome, Ticket
 from palmyra_serve.sidecar.core.drain import DrainState
+from palmyra_serve.sidecar.core.errors import ErrorCode
 from palmyra_serve.sidecar.core.share import Share
 
 
 class Refused(Exception):
-    def __init__(self, reason: str, retry_after_s: int) -> None:
+    def __init__(self, reason: ErrorCode, retry_after_s: int) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s

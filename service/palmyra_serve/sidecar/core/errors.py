@@ -10,6 +10,7 @@ engine in palmyra_upstream_errors_total{kind=<code>} (reason == code, one vocabu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any, Self
@@ -154,6 +155,13 @@ class ApiError(Exception):
         return b"data: " + self.body() + b"\n\ndata: [DONE]\n\n"
 
 
+def with_headers(exc: ApiError, headers: list[tuple[bytes, bytes]] | None) -> ApiError:
+    """`exc` carrying a tenant's x-ratelimit-* headers too (tenants/quota.py)."""
+    if not headers:
+        return exc
+    return dataclasses.replace(exc, extra_headers=(*exc.extra_headers, *headers))
+
+
 async def send_error(
     send: Any, exc: ApiError, request_id: str | None, close: bool = False, api: Api | None = None
 ) -> None:
@@ -228,11 +236,11 @@ def slo_unreachable(retry_after: int) -> ApiError:
     )
 
 
-def overloaded(reason: str, retry_after: int) -> ApiError:
-    """Admission's refusal by its reason (one of OVERLOAD_CODES)."""
-    if reason == ErrorCode.SLO_UNREACHABLE:
+def overloaded(reason: ErrorCode, retry_after: int) -> ApiError:
+    """Admission's refusal by its code (one of OVERLOAD_CODES)."""
+    if reason is ErrorCode.SLO_UNREACHABLE:
         return slo_unreachable(retry_after)
-    if reason == ErrorCode.QUEUE_TIMEOUT:
+    if reason is ErrorCode.QUEUE_TIMEOUT:
         return queue_timeout(retry_after)
     return queue_full(retry_after)
 

@@ -1,9 +1,10 @@
 """What one request did, as the relay measured it: one typed record per request.
 
-The relay fills it in as the request goes (relay/handler.py); two parts read it when it ends:
-admission learns from `gap_to_learn()` (the engine's pace, or nothing), and the access log writes
-`log_fields()`, the record's one rendering. Nothing reads the log back: times stay in seconds here
-and become rounded milliseconds only in the rendering.
+The relay fills it in as the request goes (relay/handler.py) and publishes it once when it ends
+(relay/finish.py): the access log writes `log_fields()`, the record's one rendering; metrics, the
+trace and the tenant's settlement read its fields; admission learns the gap it measured
+(relay/context.py). The request's control state lives in its context, not here. Nothing reads the
+log back: times stay in seconds here and become rounded milliseconds only in the rendering.
 
 The access log's keys and what each means: ACCESS_LOG_KEYS below (docs/api.md is generated from it).
 """
@@ -65,18 +66,10 @@ class RequestRecord:
     engine_error_event: bool = False
     client_disconnected: bool = False
     tenant: str | None = None
-    # Not logged: the tenant's x-ratelimit-* headers, sent with whatever answer the request gets.
-    ratelimit_headers: list[tuple[bytes, bytes]] | None = None
-    # Not logged: the relay asked the engine for a stream's usage on the client's behalf and
-    # removes that event (relay/usage_event.py).
-    strip_usage: bool = False
     tokens_seen: int = 0  # token events relayed (a stream cut short is charged these)
     # An API that always reports usage (Responses, Messages) ended without a readable report (its
     # body or last event over the accounting's cap): the tenant is charged its whole reservation.
     usage_missing: bool = False
-    # Not logged: the engine failed this request (a cut stream, an error event). Admission then
-    # learns nothing from it: failures are health's to judge, never a reason to lower the limit.
-    engine_failed: bool = False
     sent_at: float = 0.0  # perf_counter when the request went to the engine
     # Not logged, tracing only (observability/tracing.py; perf_counter times): the request's
     # RequestTrace, when admission began, when a new engine connection opened for it, the engine's
@@ -88,13 +81,6 @@ class RequestRecord:
     engine_status: int = 0
     engine_done_at: float = 0.0
     model: str | None = None
-
-    def gap_to_learn(self) -> float | None:
-        """The inter-token gap admission may learn from: only an engine-paced, successful
-        generation's (a status under 300, no failure, no client pacing)."""
-        if self.status >= 300 or self.engine_failed or self.client_paced:
-            return None
-        return self.token_gap_s
 
     def log_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""relay/auth.py: API keys. Only a whole bearer key passes; keys fail closed (no key without the
+"""tenants/keys.py: API keys. Only a whole bearer key passes; keys fail closed (no key without the
 explicit switch, a placeholder, the engine key held to the same rule, an empty or unreadable key
 file); a key file in the comma-list format k8s/README.md writes; and the file reloaded at most
 once a second, its previous keys kept in force while it is unusable."""
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from palmyra_serve.sidecar.relay.auth import ApiKeys, AuthConfigError, validate_engine_key
+from palmyra_serve.sidecar.tenants.keys import ApiKeys, AuthConfigError, validate_engine_key
 
 
 def test_api_keys_accept_only_whole_bearer_keys():
