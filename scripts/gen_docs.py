@@ -423,11 +423,12 @@ def access_log_table() -> str:
 
 
 def request_fields_table() -> str:
-    """Every relayed route's field decisions (policy/fields.py), with the engine versions whose
+    """Every relayed route's field decisions (policy/tables.py), with the engine versions whose
     request model has each field (from the snapshot the unit tests check against both engines)."""
     import json
 
-    from palmyra_serve.sidecar.policy.fields import BY_TARGET, OPENAI_ONLY
+    from palmyra_serve.sidecar.policy.fields import OPENAI_ONLY
+    from palmyra_serve.sidecar.policy.tables import BY_TARGET
 
     snapshot = json.loads((REPO / "tests" / "unit" / "data" / "vllm-request-fields.json").read_text())
     versions = sorted(snapshot["versions"], key=lambda v: tuple(int(p) for p in v.split(".")))

@@ -5,6 +5,9 @@ Every flag has a PALMYRA_* environment variable (docs/configuration.md); a flag 
 command line wins over it.
 """
 
+# Longer than 400 lines: one argparse parser for every subcommand (docs/configuration.md is
+# generated from it); each command's work lives in its package.
+
 from __future__ import annotations
 
 import argparse

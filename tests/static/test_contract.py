@@ -52,7 +52,7 @@ from palmyra_serve import __version__
 from palmyra_serve.cli import build_parser
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.app import SidecarApp, create_app
-from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core import engine_errors, errors
 from palmyra_serve.sidecar.core.metrics import tenant_families
 from palmyra_serve.sidecar.observability.access_log import LOGGER_NAME
 from tests.helpers import procs
@@ -260,7 +260,8 @@ def errors_contract() -> dict[str, Any]:
     }
     constants = {
         name: value
-        for name, value in vars(errors).items()
+        for module in (errors, engine_errors)
+        for name, value in vars(module).items()
         if name.isupper() and isinstance(value, str | int) and not isinstance(value, bool)
     }
     in_a_vocabulary = {code for codes in vocabularies.values() for code in codes}
@@ -274,12 +275,12 @@ def errors_contract() -> dict[str, Any]:
         "codes_in_no_vocabulary": sorted(built - in_a_vocabulary),
         "vocabulary_codes_no_factory_builds": sorted(in_a_vocabulary - built),
         "headers_closing_without_request_id": closing_headers,
-        "from_engine": engine_errors(),
+        "from_engine": engine_error_bodies(),
     }
 
 
-def engine_errors() -> dict[str, Any]:
-    """How an engine's error reaches the client (errors.from_engine), for vLLM's shapes: the
+def engine_error_bodies() -> dict[str, Any]:
+    """How an engine's error reaches the client (engine_errors.from_engine), for vLLM's shapes: the
     client's fields, never the engine's 5xx text."""
     shapes = {
         "500 openai-shaped": (500, {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}),
@@ -292,7 +293,7 @@ def engine_errors() -> dict[str, Any]:
     }
     out = {}
     for name, (status, payload) in shapes.items():
-        error = json.loads(errors.from_engine(status, json.dumps(payload).encode(), "Reason", "rid"))["error"]
+        error = json.loads(engine_errors.from_engine(status, json.dumps(payload).encode(), "Reason", "rid"))["error"]
         out[name] = {
             "body_fields": sorted(error),
             "type": error["type"],

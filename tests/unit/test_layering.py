@@ -90,3 +90,17 @@ def test_no_import_runs_up_or_sideways():
 def test_the_floor_check_catches_an_arrow_back_up():
     assert floor_of(room_of("relay.handler")) > floor_of(room_of("tenants.quota")) > floor_of(room_of("core.errors"))
     assert floor_of(room_of("tenants.quota")) == floor_of(room_of("admission.control"))  # sideways: refused
+
+
+MAX_LINES = 400
+LONG_REASON = "# Longer than 400 lines: "
+
+
+def test_no_module_over_400_lines_without_a_stated_reason():
+    package = SIDECAR.parent
+    long = []
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") > MAX_LINES and LONG_REASON not in text:
+            long.append(f"{path.relative_to(package)}: {text.count(chr(10))} lines")
+    assert not long, "split these, or say why not at the top (`" + LONG_REASON + "...`):\n" + "\n".join(long)

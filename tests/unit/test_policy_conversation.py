@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core import engine_errors, errors
 from palmyra_serve.sidecar.core.prompt import messages_prompt, responses_prompt
 from palmyra_serve.sidecar.core.routes import RELAYED, Api
 from palmyra_serve.sidecar.policy import checks, structured
-from palmyra_serve.sidecar.policy.fields import BY_TARGET
 from palmyra_serve.sidecar.policy.inspect import inspect
+from palmyra_serve.sidecar.policy.tables import BY_TARGET
 from palmyra_serve.sidecar.tenants.reservation import demand
 
 LIMITS = checks.Limits(
@@ -218,10 +218,10 @@ def test_an_engine_error_on_the_messages_route_is_rebuilt_in_anthropics_shape():
     vllm = (
         b'{"error":{"message":"max_tokens: Field required","type":"Bad Request","param":"body.max_tokens","code":400}}'
     )
-    body = orjson.loads(errors.from_engine(400, vllm, "Bad Request", "rid", Api.MESSAGES))
+    body = orjson.loads(engine_errors.from_engine(400, vllm, "Bad Request", "rid", Api.MESSAGES))
     assert body["type"] == "error" and body["error"] == {
         "type": "invalid_request_error",
         "message": "max_tokens: Field required",
     }
-    hidden = orjson.loads(errors.from_engine(500, b"Traceback: secret", "err", "rid", Api.MESSAGES))
+    hidden = orjson.loads(engine_errors.from_engine(500, b"Traceback: secret", "err", "rid", Api.MESSAGES))
     assert hidden["error"]["type"] == "api_error" and "secret" not in hidden["error"]["message"]

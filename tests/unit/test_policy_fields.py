@@ -14,8 +14,9 @@ import pytest
 from palmyra_serve.sidecar.core import errors
 from palmyra_serve.sidecar.core.routes import RELAYED
 from palmyra_serve.sidecar.policy import checks, structured
-from palmyra_serve.sidecar.policy.fields import BY_TARGET, CLIENT_ONLY, Decision
+from palmyra_serve.sidecar.policy.fields import Decision
 from palmyra_serve.sidecar.policy.inspect import inspect
+from palmyra_serve.sidecar.policy.tables import BY_TARGET, CLIENT_ONLY
 
 HERE = Path(__file__).parent
 SNAPSHOT = json.loads((HERE / "data" / "vllm-request-fields.json").read_text())

@@ -11,6 +11,9 @@ Levels, and when doctor stops the engine (`palmyra-serve engine` on Ascend, PALM
   variables that disagree, a soft-partitioned vNPU without eager mode, CANN 8.5 on x86.
 - ok / info: nothing to do; info says what was seen (a CPU host, the architecture)."""
 
+# Longer than 400 lines: every check doctor runs, one small pure function each, in the order its
+# report lists them.
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.plan import AdmissionPlan
-from palmyra_serve.sidecar.core.errors import MAX_ERROR_BODY
+from palmyra_serve.sidecar.core.engine_errors import MAX_ERROR_BODY
 from palmyra_serve.sidecar.edge.protocol import NOTSENT_LOWAT, PROBE_MAX_CONNECTIONS
 from palmyra_serve.sidecar.relay.sse import MAX_EVENT_BYTES
 from palmyra_serve.sidecar.relay.usage import MAX_GAP_BYTES, MAX_USAGE_BYTES

@@ -88,6 +88,9 @@ Nothing here does I/O or touches asyncio: admission/adaptive.py owns the waiters
 the clock is injected so the tests drive time.
 """
 
+# Longer than 400 lines: one algorithm (the limit, its queue and their bounds) whose derivations
+# the tests hold it to; split, each half would need the other's invariants.
+
 from __future__ import annotations
 
 import math

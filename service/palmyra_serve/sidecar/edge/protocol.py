@@ -42,6 +42,9 @@ connection is closed "lingering", as nginx does: no more parsing, the rest of th
 and dropped for up to LINGER_S so the client sees the response rather than a reset.
 """
 
+# Longer than 400 lines: one uvicorn protocol subclass; its overrides share the connection's state
+# and are read together.
+
 from __future__ import annotations
 
 import asyncio

@@ -39,8 +39,8 @@ from palmyra_serve.sidecar.core.routes import OTHER, RELAYED, Route
 from palmyra_serve.sidecar.lifecycle.health import HealthState
 from palmyra_serve.sidecar.observability.access_log import AccessLog
 from palmyra_serve.sidecar.policy import checks, structured
-from palmyra_serve.sidecar.policy.fields import BY_TARGET
 from palmyra_serve.sidecar.policy.inspect import inspect
+from palmyra_serve.sidecar.policy.tables import BY_TARGET
 from palmyra_serve.sidecar.relay.apis import BY_API
 from palmyra_serve.sidecar.relay.body import BodyReader, ClientGone
 from palmyra_serve.sidecar.relay.context import RequestContext
@@ -292,7 +292,7 @@ class Relay:
             self.metrics.reject(exc.code)
         if ctx.tenant is not None:
             self.metrics.tenant_refusal(ctx.tenant.name, exc.code)
-        exc = errors.with_headers(exc, ctx.ratelimit)
+        exc = exc.with_headers(ctx.ratelimit)
         # Answered before its body was read: the connection ends after this response (the front end
         # lingers and discards the rest), and the client must be told so, or it sends its next
         # request into a closing connection (when closing, it was said already).

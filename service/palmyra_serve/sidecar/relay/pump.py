@@ -8,7 +8,7 @@ import logging
 import time
 
 from palmyra_serve.sidecar.admission.control import AdmissionControl
-from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core import engine_errors, errors
 from palmyra_serve.sidecar.core.disconnect import DisconnectHook
 from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.core.routes import RELAYED
@@ -98,16 +98,16 @@ class Pump:
 
     async def _relay_error(self, ctx: RequestContext, resp: EngineResponse) -> int:
         """An engine error reaches the client rebuilt in its API's shape, status kept
-        (errors.from_engine: a 5xx's text only in the log, under the request id)."""
+        (core/engine_errors.py: a 5xx's text only in the log, under the request id)."""
         parts: list[bytes] = []
         size = 0
         reason = resp.reason or "error"
         try:
             while chunk := await resp.read_some():
                 size += len(chunk)
-                if size > errors.MAX_ERROR_BODY:
+                if size > engine_errors.MAX_ERROR_BODY:
                     if resp.status >= 500:
-                        raise UpstreamError(f"an error body over {errors.MAX_ERROR_BODY} bytes")
+                        raise UpstreamError(f"an error body over {engine_errors.MAX_ERROR_BODY} bytes")
                     # A 4xx is the request's own fault whatever its size (vLLM echoes a request's
                     # values in its messages): the client gets its status, never a readiness event.
                     parts = []
@@ -128,7 +128,7 @@ class Pump:
                     }
                 },
             )
-        answer = errors.from_engine(resp.status, body, reason, ctx.rid, ctx.api)
+        answer = engine_errors.from_engine(resp.status, body, reason, ctx.rid, ctx.api)
         headers = [
             (k, v)
             for k, v in response_headers(resp, ctx.rid, ctx.ratelimit)

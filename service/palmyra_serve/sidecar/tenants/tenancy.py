@@ -109,7 +109,7 @@ class Tenancy:
         verdict = await self.quotas.admit(tenant.spec, demand.tokens if demand is not None else None)
         if verdict.reservation is None:
             assert verdict.refusal is not None
-            raise errors.with_headers(verdict.refusal, verdict.headers)
+            raise verdict.refusal.with_headers(verdict.headers)
         return Lease(verdict.reservation, demand, verdict.headers)
 
     def release(self, lease: Lease | None) -> None:

@@ -15,7 +15,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import generate_latest
 from yarl import URL
 
-from palmyra_serve.sidecar.core import errors
+from palmyra_serve.sidecar.core import engine_errors, errors
 from palmyra_serve.sidecar.core.metrics import SidecarMetrics
 from palmyra_serve.sidecar.upstream.failures import (
     UPSTREAM_FAILURES,
@@ -75,7 +75,7 @@ def test_each_error_keeps_its_status_type_and_code(exc: errors.ApiError, status:
 
 
 def test_an_engine_5xx_is_engine_error_in_server_error_type() -> None:
-    body = json.loads(errors.from_engine(503, b"trace", "Service Unavailable", "rid"))["error"]
+    body = json.loads(engine_errors.from_engine(503, b"trace", "Service Unavailable", "rid"))["error"]
     assert (body["type"], body["code"]) == ("server_error", "engine_error")
 
 
@@ -162,7 +162,7 @@ def test_anything_else_is_not_named_an_engine_failure() -> None:
 def test_engine_error_bodies_are_rebuilt_in_openai_shape_and_5xx_text_never_reaches_the_client():
     import orjson
 
-    from palmyra_serve.sidecar.core.errors import MAX_CLIENT_MESSAGE, from_engine
+    from palmyra_serve.sidecar.core.engine_errors import MAX_CLIENT_MESSAGE, from_engine
 
     shaped = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400, "extra": 1}}'
     assert orjson.loads(from_engine(400, shaped, "Bad Request", "rid"))["error"] == {
