@@ -24,6 +24,7 @@ def test_a_record_with_every_field_set_writes_every_documented_key_in_order() ->
         upstream_error="engine_timeout",
         upstream_detail="no answer in 3 s",
         truncated=True,
+        usage_missing=True,
         engine_error_event=True,
         client_disconnected=True,
         tenant="search",
