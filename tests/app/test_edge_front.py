@@ -16,8 +16,9 @@ from tests.helpers.api import assert_openai_error, completion
 from tests.helpers.edge import MIB, RssPeak, busy_connection, raw_exchange, rejections, status_of
 from tests.helpers.waiting import wait_until
 
-# warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its ceiling)
-ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics"}
+# warmup and canary use the first three; adaptive admission reads the engine's /metrics at start (its
+# ceiling), and the supervisor its /version (what the Messages API can carry depends on it)
+ALLOWED_UPSTREAM = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/version"}
 
 
 def leaked(client, engine, marker: str) -> list[str]:
@@ -32,9 +33,9 @@ def leaked(client, engine, marker: str) -> list[str]:
 
 REFUSED_TARGETS = [
     "/v1/chat/completions/batch",
-    "/v1/responses",
     "/v1/responses/abc",
-    "/v1/messages",
+    "/v1/responses/abc/cancel",
+    "/v1/messages/count_tokens",
     "/invocations",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
