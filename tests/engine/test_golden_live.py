@@ -23,6 +23,10 @@ TOKENS = 8  # per prompt: the check's cost, 22 prompts x 8 tokens
 # bench.md): bf16 moves a chosen token's log-probability by at most 0.008 nats against fp32, and
 # its greedy path parted from fp32's only at margins under 0.008; 0.02 leaves 2.5x headroom.
 TOLERANCE = "0.02"
+# Checks close together, so that a few run in a test's time: the interval (1 s) is shorter than the
+# replay (2 to 3 s here), so the share is what spaces them (the next is due 1 / 0.5 = 2 replays'
+# seconds after one began): the bound on the check's cost, on the real engine's timings.
+SCHEDULE = {"PALMYRA_GOLDEN_INTERVAL_S": "1", "PALMYRA_GOLDEN_MAX_SHARE": "0.5"}
 
 
 def _record(model_dir: Path, out: Path) -> Path:
@@ -45,11 +49,7 @@ def _counter(page: str, verdict: str) -> float:
 
 
 def test_its_own_reference_agrees_check_after_check(engine_server, log_dir, references):
-    env = {
-        "PALMYRA_GOLDEN_FILE": str(references["own"]),
-        "PALMYRA_GOLDEN_INTERVAL_S": "2",
-        "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE,
-    }
+    env = {"PALMYRA_GOLDEN_FILE": str(references["own"]), "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE, **SCHEDULE}
     with (
         procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as sc,
         httpx.Client(timeout=10) as client,
@@ -66,15 +66,14 @@ def test_its_own_reference_agrees_check_after_check(engine_server, log_dir, refe
     assert output["verdict"] == "agree" and output["failed_prompts"] == []
     assert output["positions_compared"] > 0 and output["agreement"] > 0.5
     assert _counter(page, "drift") == 0 and _counter(page, "error") == 0
+    # Idle: no check waited for capacity; the next is due max(1 s, 2 x its seconds) after it began.
+    assert output["in_flight"] == 0 and output["waited_s"] < 2.0
+    assert abs(output["next_in_s"] - (max(1.0, 2 * output["seconds"]) - output["seconds"])) < 0.1, output
     print(f"golden checks: {_counter(page, 'agree'):.0f} agreed; last: {output}")
 
 
 def test_a_reference_for_other_weights_keeps_the_replica_out_with_output_drift(engine_server, log_dir, references):
-    env = {
-        "PALMYRA_GOLDEN_FILE": str(references["other"]),
-        "PALMYRA_GOLDEN_INTERVAL_S": "2",
-        "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE,
-    }
+    env = {"PALMYRA_GOLDEN_FILE": str(references["other"]), "PALMYRA_GOLDEN_TOLERANCE": TOLERANCE, **SCHEDULE}
     t0 = time.monotonic()
     with (
         procs.sidecar(

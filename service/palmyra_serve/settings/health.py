@@ -40,7 +40,18 @@ class HealthSettings(BaseSettings):
         "token that differs where the reference is not near a tie is output drift.",
     )
     golden_interval_s: float = Field(
-        300.0, gt=0, description="Seconds between two replays of the golden prompts while ready."
+        300.0,
+        gt=0,
+        description="Seconds between two replays of the golden prompts while ready. A due replay first waits "
+        "until no relayed request is in flight, for at most one more interval (then it runs anyway).",
+    )
+    golden_max_share: float = Field(
+        0.02,
+        gt=0,
+        le=1,
+        description="The largest share of the replica's time the golden replays may take while ready: the next "
+        "replay is due no sooner than the last one's seconds divided by this share after it began (0.02: a 6 s "
+        "replay keeps a 300 s interval, a 90 s one waits 75 min). Measured: docs/validate-and-bench.md.",
     )
     golden_tolerance: float = Field(
         0.25,

@@ -193,7 +193,15 @@ def create_app(
         tasks = [
             asyncio.create_task(poll_engine_health(state.health, engine, settings.health_poll_interval_s)),
             asyncio.create_task(
-                Supervisor(settings, state.health, engine, state.metrics, reference=state.golden).run()
+                Supervisor(
+                    settings,
+                    state.health,
+                    engine,
+                    state.metrics,
+                    reference=state.golden,
+                    # A due golden replay waits for idle capacity: no relayed request holding or awaiting a slot.
+                    busy=lambda: state.admission.in_flight + state.admission.queued,
+                ).run()
             ),
             asyncio.create_task(read_engine_capacity(state, engine, settings.health_poll_interval_s)),
         ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,10 +136,16 @@ class CheckResult:
         }
 
 
-async def check(engine: Engine, model: str, reference: GoldenReference, tolerance: float) -> CheckResult:
+async def check(
+    engine: Engine,
+    model: str,
+    reference: GoldenReference,
+    tolerance: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> CheckResult:
     """Replay every golden prompt through the engine, one at a time, and judge the answers."""
     result = CheckResult("agree")
-    began = time.monotonic()
+    began = clock()
     for prompt in reference.prompts:
         payload = {
             "model": model,
@@ -149,7 +156,9 @@ async def check(engine: Engine, model: str, reference: GoldenReference, toleranc
         }
         answer = await engine.generate("/v1/completions", payload, PROMPT_TIMEOUT_S)
         if not answer.ok or answer.token_ids is None:
-            return CheckResult("error", error=answer.error or "the engine returned no token ids")
+            failed = CheckResult("error", error=answer.error or "the engine returned no token ids")
+            failed.seconds, failed.generated = clock() - began, result.generated
+            return failed
         result.generated += len(answer.token_ids)
         one = judge(prompt, list(answer.token_ids), tolerance)
         result.agreed += one.agreed
@@ -157,7 +166,7 @@ async def check(engine: Engine, model: str, reference: GoldenReference, toleranc
         result.near_ties += int(one.near_tie)
         if one.drift_at is not None:
             result.failed.append(prompt.name)
-    result.seconds = time.monotonic() - began
+    result.seconds = clock() - began
     if result.failed:
         result.verdict = "drift"
     return result

@@ -10,13 +10,16 @@ With a golden reference (PALMYRA_GOLDEN_FILE, lifecycle/golden.py) the replica m
 the right tokens: the reference's prompts are replayed after warmup, before the first ready, and
 every PALMYRA_GOLDEN_INTERVAL_S while ready. Drift keeps or takes readiness away (reason
 `output_drift`, the prompts named) until a replay agrees again; PALMYRA_GOLDEN_ACTION=report only
-counts and logs it.
+counts and logs it. A due replay waits for idle capacity (no relayed request in flight; at most one
+more interval, then it runs anyway), and the next is due no sooner than the last one's seconds over
+PALMYRA_GOLDEN_MAX_SHARE after it began, so the replays' share of the replica's time has a bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -93,6 +96,7 @@ class Supervisor:
         metrics: SidecarMetrics,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         reference: golden.GoldenReference | None = None,
+        busy: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -101,6 +105,11 @@ class Supervisor:
         self.sleep = sleep
         self.request_timeout_s = settings.warmup_request_timeout_s
         self.golden = reference  # loaded at start (app.py): an unusable file stops the start
+        # Relayed requests in flight (app.py passes the admission's count; this package knows no relay):
+        # a due golden replay waits for none.
+        self.busy = busy
+        self._golden_began: float | None = None  # the state's clock when the last replay began
+        self._golden_seconds = 0.0  # and what it took
 
     async def run(self) -> None:
         backoff = 1.0
@@ -204,16 +213,28 @@ class Supervisor:
         log.warning("warmup step failed", extra={"fields": {"step": name, "error": result.error}})
         return False
 
-    async def _golden_check(self) -> bool:
-        """One replay of the golden prompts; False when it found drift that takes readiness away."""
+    async def _golden_check(self, waited_s: float = 0.0, in_flight: int = 0) -> bool:
+        """One replay of the golden prompts; False when it found drift that takes readiness away.
+        `waited_s`: how late past due it ran (the watch's tick, or the wait for idle capacity);
+        `in_flight`: relayed requests running beside it (0 unless that wait ran out)."""
         assert self.golden is not None
+        began = self.state.clock()
         result = await golden.check(
-            self.engine, self.settings.served_model_name, self.golden, self.settings.golden_tolerance
+            self.engine,
+            self.settings.served_model_name,
+            self.golden,
+            self.settings.golden_tolerance,
+            clock=self.state.clock,
         )
+        self._golden_began, self._golden_seconds = began, result.seconds
         self.metrics.golden_checks.labels(result.verdict).inc()
         if result.agreement is not None:
             self.metrics.golden_agreement.set(result.agreement)
-        self.state.output = result.summary()
+        self.state.output = result.summary() | {
+            "waited_s": round(waited_s, 3),
+            "in_flight": in_flight,
+            "next_in_s": round(self._golden_due() - self.state.clock(), 3),
+        }
         if result.verdict == "error":
             # Says nothing about the numbers: readiness is the other checks' to judge.
             log.warning("golden check could not run", extra={"fields": {"error": result.error}})
@@ -241,23 +262,40 @@ class Supervisor:
                 return False
         return True
 
+    def _golden_due(self) -> float:
+        """When the next replay is due (the state's clock): PALMYRA_GOLDEN_INTERVAL_S after the last
+        one began, and no sooner than its seconds / PALMYRA_GOLDEN_MAX_SHARE after, so the replays
+        never take more than that share of the replica's time, however slow the engine is."""
+        spacing = max(self.settings.golden_interval_s, self._golden_seconds / self.settings.golden_max_share)
+        began = self._golden_began if self._golden_began is not None else self.state.clock()
+        return began + spacing
+
     async def _watch(self) -> None:
         """Return when readiness must be earned again: engine down, the canary failing repeatedly,
-        or the golden check finding drift."""
+        or the golden check finding drift. A due golden replay waits for no relayed request in
+        flight, but no longer than one more interval: a busy replica is checked too."""
         failures = 0
         tick = min(1.0, self.settings.canary_interval_s)
-        next_golden = time.monotonic() + self.settings.golden_interval_s
+        due = self._golden_due() if self.golden is not None else math.inf
         while True:
             await self.sleep(tick)
             if self.state.engine_status != "ok":
                 self.state.set_phase("waiting_for_engine", error=f"engine /health: {self.state.engine_status}")
                 return
-            if self.golden is not None and time.monotonic() >= next_golden:
-                next_golden = time.monotonic() + self.settings.golden_interval_s
-                if not await self._golden_check():
-                    return
+            late = self.state.clock() - due
+            if late >= 0:
+                in_flight = self.busy()
+                if in_flight == 0 or late >= self.settings.golden_interval_s:
+                    if in_flight:
+                        log.info(
+                            "golden check runs beside traffic: no idle moment for an interval",
+                            extra={"fields": {"in_flight": in_flight, "waited_s": round(late, 1)}},
+                        )
+                    if not await self._golden_check(late, in_flight):
+                        return
+                    due = self._golden_due()
             last = self.state.last_generation_ok
-            if last is not None and time.monotonic() - last < self.settings.canary_interval_s:
+            if last is not None and self.state.clock() - last < self.settings.canary_interval_s:
                 failures = 0  # real traffic succeeded recently: no canary needed
                 continue
             result = await self.engine.generate(
