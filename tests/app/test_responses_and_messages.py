@@ -157,14 +157,23 @@ def test_a_client_that_leaves_aborts_the_generation_on_both_routes(engine, sidec
     }
     host, port = sidecar.url.removeprefix("http://").split(":")
 
-    def seen(key: str, n: int) -> bool:
-        return _stats(client, engine)[key] >= n
+    def arrived(path: str) -> bool:
+        """The engine got this route's hanging request (its body, as relayed, names it)."""
+        for sent in _stats(client, engine)["bodies"]:
+            given = sent.get("messages", [{}])[-1].get("content") if path == "/v1/messages" else sent.get("input")
+            if given == "fake:hang":
+                return True
+        return False
 
-    for n, (path, body) in enumerate(bodies.items(), start=1):
+    def aborted(n: int) -> bool:
+        return _stats(client, engine)["aborted"] >= n
+
+    for path, body in bodies.items():
+        before = _stats(client, engine)["aborted"]
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(raw_json_post(path, body))
-            wait_until(partial(seen, "requests", n), 10, f"{path} reached the engine")
-        wait_until(partial(seen, "aborted", n), 10, f"the engine aborted {path}")
+            wait_until(partial(arrived, path), 10, f"{path} reached the engine")
+        wait_until(partial(aborted, before + 1), 10, f"the engine aborted {path}")
 
     def left() -> list[int]:
         return [r["status"] for r in _access_log(sidecar) if r["route"] in ("responses", "messages")]
