@@ -21,6 +21,16 @@ from palmyra_serve.sidecar.policy.fields import (
     stripped,
 )
 
+# Decided as on the chat route: the deployment's switches and media, refused or stripped alike.
+DEPLOYMENT_ONLY = (
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "vllm_xargs",
+    "mm_payload",
+    "return_mm_kwargs",
+    "watermarking",
+)
+
 STATELESS = (
     "this service keeps no responses: vLLM keeps them in one replica's memory, without bound, where "
     "a replica behind a load balancer cannot find another's"
@@ -91,12 +101,7 @@ RESPONSES: Mapping[str, Rule] = {
             "request_id",
             "session_id",
             "cache_salt",
-            "kv_transfer_params",
-            "ec_transfer_params",
-            "vllm_xargs",
-            "mm_payload",
-            "return_mm_kwargs",
-            "watermarking",
+            *DEPLOYMENT_ONLY,
         )
     },
     "stream": rewritten(
@@ -149,17 +154,7 @@ MESSAGES: Mapping[str, Rule] = {
         "with a private prefix cache, relay/handler.py)"
     ),
     "chat_template_kwargs": CHAT["chat_template_kwargs"],
-    **{
-        name: _GENERATION[name]
-        for name in (
-            "kv_transfer_params",
-            "ec_transfer_params",
-            "vllm_xargs",
-            "mm_payload",
-            "return_mm_kwargs",
-            "watermarking",
-        )
-    },
+    **{name: _GENERATION[name] for name in DEPLOYMENT_ONLY},
 }
 
 # Fields of Anthropic's API that vLLM's model does not have and that clients send.

@@ -61,14 +61,32 @@ def usage_of(api: Api, usage: Any) -> dict[str, int] | None:
     return {"prompt_tokens": prompt, "completion_tokens": output}
 
 
-class ResponsesAccount(SseAccount):
+class TypedEventAccount(SseAccount):
+    """SseAccount's framing; each event read by its `type` (typed())."""
+
     __slots__ = ()
 
     def _payload(self, payload: Any, now: float) -> None:
-        if not isinstance(payload, dict):
+        if isinstance(payload, dict):
+            self.typed(payload.get("type"), payload, now)
+        else:
             self.unparsed += 1
-            return
-        kind = payload.get("type")
+
+    def typed(self, kind: Any, payload: dict[str, Any], now: float) -> None:
+        raise NotImplementedError
+
+    def _token(self, now: float) -> None:
+        self.per_choice[0] = self.per_choice.get(0, 0) + 1
+        self.token_events += 1
+        if not self.first_token:
+            self.first_token = now
+        self.last_token = now
+
+
+class ResponsesAccount(TypedEventAccount):
+    __slots__ = ()
+
+    def typed(self, kind: Any, payload: dict[str, Any], now: float) -> None:
         if kind in RESPONSES_TOKEN_EVENTS:
             if payload.get("delta"):
                 self._token(now)
@@ -81,22 +99,11 @@ class ResponsesAccount(SseAccount):
         elif kind == "error":
             self.error = True
 
-    def _token(self, now: float) -> None:
-        self.per_choice[0] = self.per_choice.get(0, 0) + 1
-        self.token_events += 1
-        if not self.first_token:
-            self.first_token = now
-        self.last_token = now
 
-
-class MessagesAccount(ResponsesAccount):
+class MessagesAccount(TypedEventAccount):
     __slots__ = ()
 
-    def _payload(self, payload: Any, now: float) -> None:
-        if not isinstance(payload, dict):
-            self.unparsed += 1
-            return
-        kind = payload.get("type")
+    def typed(self, kind: Any, payload: dict[str, Any], now: float) -> None:
         if kind == "content_block_delta":
             delta = payload.get("delta")
             if isinstance(delta, dict) and (delta.get("text") or delta.get("partial_json") or delta.get("thinking")):
