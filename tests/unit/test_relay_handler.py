@@ -316,3 +316,25 @@ def test_a_fault_in_the_relay_is_a_500_counted_and_told_to_readiness():
     assert b"internal_error" in sent[1]["body"]
     assert metrics.internal_errors._value.get() == 3
     assert not health.readiness()[0]
+
+
+def _compact(event: dict) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole-events", "usage-event-split"])
+@pytest.mark.parametrize("null_usage", [False, True], ids=["vllm-0.32", "vllm-0.18"])
+def test_the_usage_the_relay_asked_for_is_taken_out_whichever_read_carries_it(null_usage: bool, split: bool) -> None:
+    """A stream whose client asked no usage: the relay asked the engine for it, and only the reads
+    that may hold it go through the filter (every read on an engine that writes "usage":null, else
+    the reads from the usage event on): the client gets the stream it asked for, the record the
+    engine's count."""
+    extra = {"usage": None} if null_usage else {}
+    tokens = [_compact({"id": "c", "choices": [{"index": 0, "text": f"t{i}"}], **extra}) for i in range(6)]
+    usage = _compact({"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6}})
+    reads = [*tokens, *([usage[:20], usage[20:]] if split else [usage]), b"data: [DONE]\n\n"]
+    h = Harness(ScriptedResponse(200, b"text/event-stream", reads))
+    asyncio.run(h.call(body_then()))
+    expected = b"".join(t.replace(b',"usage":null', b"") for t in tokens) + b"data: [DONE]\n\n"
+    assert h.body() == expected
+    assert h.logged()["completion_tokens"] == 6

@@ -176,8 +176,17 @@ class Pump:
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
-                if strip is not None and (strip.holding or b'"usage"' in chunk or not chunk.endswith(b"\n\n")):
-                    chunk = strip.feed(chunk)  # else nothing to take out: passed as it is, no call
+                if strip is not None and (
+                    strip.holding
+                    or strip.null_usage is not False
+                    or not chunk.endswith(b"\n\n")
+                    or account is None
+                    or account.usage is not None
+                ):
+                    # A read that may hold usage: on an engine that writes "usage":null into its
+                    # events, any; else only from the one in which the accounting found the report
+                    # (the relay asked for it on the client's behalf). Other reads pass, no call.
+                    chunk = strip.feed(chunk)
                 if resp.finished:  # the engine's last bytes: the response's end goes in the same write
                     tail = strip.flush() if strip is not None else b""
                     await send({"type": "http.response.body", "body": chunk + tail, "more_body": False})

@@ -8,10 +8,14 @@ and takes that event out here, so the client gets exactly the events it would ha
 member is taken out too. Both are safe to find by their bytes: inside a JSON string every quote is
 escaped, so generated text cannot contain `"choices":[]` or `,"usage":null` unescaped.
 
-Cost: a read without the bytes `"usage"` that ends an event passes through unchanged (the relay
-checks that inline, without calling in here); one with them is split only if it holds
-`"choices":[]` (vLLM's compact JSON), which only the usage event carries; a read that ends inside
-an event is held until the event's end (vLLM writes whole events, so in practice nothing waits).
+Cost: a read that ends an event passes through unchanged, without a call in here, unless it may
+hold usage: on an engine that writes `"usage":null` into its events (0.18, seen in the stream's
+first read: `null_usage`) every read may; on one that does not (0.32), only the reads from the one
+in which the stream's accounting found the usage report (relay/pump.py checks both inline; until
+the first whole event tells which engine it is, every read goes through). A read
+with them is split only if it holds `"choices":[]` (vLLM's compact JSON), which only the usage event
+carries; a read that ends inside an event is held until the event's end (vLLM writes whole events,
+so in practice nothing waits).
 A stream without the blank-line event separator is passed through once MAX_HELD bytes would be
 held, never buffered whole.
 """
@@ -36,30 +40,34 @@ def _usage_only(event: bytes) -> bool:
 
 
 class UsageEventFilter:
-    __slots__ = ("_held", "removed")
+    __slots__ = ("_held", "holding", "null_usage", "removed")
 
     def __init__(self) -> None:
         self._held = b""
+        self.holding = False  # bytes of an unfinished event are held: the next read must go through feed()
+        # Whether the engine writes "usage":null into every event (vLLM 0.18: then every read must go
+        # through feed()); None until the first whole event has been seen, in feed().
+        self.null_usage: bool | None = None
         self.removed = 0
-
-    @property
-    def holding(self) -> bool:
-        """Bytes of an unfinished event are held: the next read must go through feed()."""
-        return bool(self._held)
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of `chunk` (after any held ones) to send now."""
         data = self._held + chunk if self._held else chunk
         self._held = b""
+        self.holding = False
         end = data.rfind(b"\n\n") + 2
         if end < 2:
             if len(data) > MAX_HELD:
                 return data
             self._held = data
+            self.holding = True
             return b""
         if end < len(data):
             self._held = data[end:]
+            self.holding = True
             data = data[:end]
+        if self.null_usage is None:
+            self.null_usage = NULL_USAGE in data
         if NULL_USAGE in data:
             data = data.replace(NULL_USAGE, b"")
         at = data.find(EMPTY_CHOICES)
@@ -78,4 +86,5 @@ class UsageEventFilter:
     def flush(self) -> bytes:
         """What is still held when the stream ends (an event the engine never finished)."""
         held, self._held = self._held, b""
+        self.holding = False
         return held
