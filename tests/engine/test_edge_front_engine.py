@@ -100,7 +100,7 @@ def test_coerced_spellings_and_multipliers_are_bounded_before_the_engine(sidecar
             assert resp.json()["error"]["code"] == code, (what, resp.text)
         chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "wizard", "content": "hi"}]}
         assert client.post(f"{sidecar.url}/v1/chat/completions", json=chat).json()["error"]["code"] == "invalid_role"
-        for path in ("/v1/chat/completions/batch", "/invocations", "/v1/responses", "/v1/messages"):
+        for path in ("/v1/chat/completions/batch", "/invocations", "/v1/responses/abc", "/v1/messages/count_tokens"):
             resp = client.post(f"{sidecar.url}{path}", json=chat)
             assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", (path, resp.text)
         assert engine_gauge(engine_server.url, "vllm:prompt_tokens_total") == prompts_before, "a refusal reached vLLM"
