@@ -7,7 +7,12 @@ limit and connection cap grow with the largest). wrk (native, so the client is n
 gives requests/s; a lean asyncio client (the sidecar's own C-parsed pool) gives TTFT percentiles
 from alternating rounds; /proc gives each proxy's own CPU time per 1000 relayed requests. Where wrk
 cannot run, `--load lean` counts requests/s with that lean client instead (closed loop, spread
-over a few processes), and `--targets direct,sidecar` leaves nginx out.
+over a few processes), and `--targets direct,sidecar` leaves nginx out. `--route` picks the API the
+streams speak (the fake engine answers each in its own shape, 64 token deltas per request):
+`completions` (the default, `/v1/completions`), `chat` (`/v1/chat/completions`), `responses`
+(`/v1/responses`, OpenAI's typed events) or `messages` (`/v1/messages`, Anthropic's, the key in
+`x-api-key` as its SDK sends it); several, comma-separated, are measured side by side in one run,
+interleaved per concurrency.
 
 Workload B: the real vLLM CPU engine on the tiny stand-in, direct vs through nginx vs through the
 sidecar, tokens/s at 1 and 16 streams (alternating rounds, the same lean client), plus the first
@@ -16,6 +21,7 @@ request after /ready against the steady-state p50 (warmup must have removed the 
     python -m benchmarks.relay                 # both workloads, writes benchmarks/results/relay.{md,json}
     python -m benchmarks.relay --workload A    # only the fake-engine relay
     python -m benchmarks.relay --workload A --concurrency 1,32,256,1024 --load lean --targets direct,sidecar
+    python -m benchmarks.relay --workload A --concurrency 32 --route completions,chat,responses,messages
 Needs nginx (Debian nginx-light) and wrk (Debian wrk) on PATH, unless --load lean and no nginx target.
 """
 
@@ -36,6 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -73,8 +80,45 @@ WRK_LUA = """
 wrk.method = "POST"
 wrk.body = '{body}'
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer {key}"
+wrk.headers["{header}"] = "{value}"
 """
+
+
+@dataclass(frozen=True)
+class BenchRoute:
+    """One API the streams of workload A speak: its path, its streamed request (64 tokens) and the
+    header its clients send the key in."""
+
+    path: str
+    body: str
+    key_header: str = "Authorization"
+
+    @property
+    def key_value(self) -> str:
+        return API_KEY if self.key_header == "x-api-key" else f"Bearer {API_KEY}"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(self.key_header.lower().encode(), self.key_value.encode()), (b"content-type", b"application/json")]
+
+    def lua(self) -> str:
+        return WRK_LUA.format(body=self.body, header=self.key_header, value=self.key_value)
+
+
+HI = [{"role": "user", "content": "hi"}]
+ROUTES = {
+    "completions": BenchRoute("/v1/completions", BODY),
+    "chat": BenchRoute(
+        "/v1/chat/completions", json.dumps({"model": "palmyra-mini", "messages": HI, "max_tokens": 64, "stream": True})
+    ),
+    "responses": BenchRoute(
+        "/v1/responses", json.dumps({"model": "palmyra-mini", "input": "hi", "max_output_tokens": 64, "stream": True})
+    ),
+    "messages": BenchRoute(
+        "/v1/messages",
+        json.dumps({"model": "palmyra-mini", "max_tokens": 64, "messages": HI, "stream": True}),
+        "x-api-key",
+    ),
+}
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -131,22 +175,24 @@ def run_wrk(url: str, conns: int, seconds: int, lua: Path) -> dict:
     }
 
 
-async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
+async def lean_closed_loop(base: str, conns: int, seconds: float, route: str = "completions") -> dict:
     """wrk's measurement with the lean client: `conns` connections, each sending its next request as
     soon as the previous one ended, for `seconds` after one warm request each. Counts what wrk counts."""
     from palmyra_serve.sidecar.upstream.failures import UpstreamError
     from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 5, 60)
-    headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
-    body = BODY.encode()
+    bench = ROUTES[route]
+    headers = bench.headers()
+    body = bench.body.encode()
+    path = bench.path.encode()
     counts: dict[str, float] = {"requests": 0, "non_2xx": 0, "errors": 0}
     loop = asyncio.get_running_loop()
     stop_at = 0.0
 
     async def one() -> None:
         try:
-            resp = await pool.request("POST", b"/v1/completions", headers, body)
+            resp = await pool.request("POST", path, headers, body)
             while await resp.read_some():
                 pass
             resp.release()
@@ -170,21 +216,21 @@ async def lean_closed_loop(base: str, conns: int, seconds: float) -> dict:
     return counts
 
 
-def _lean_process(args: tuple[str, int, float]) -> dict:
+def _lean_process(args: tuple[str, int, float, str]) -> dict:
     return asyncio.run(lean_closed_loop(*args))
 
 
-def run_lean(url: str, conns: int, seconds: int) -> dict:
+def run_lean(url: str, conns: int, seconds: int, route: str = "completions") -> dict:
     """requests/s of a closed loop of the lean client, in up to a quarter of the cores' processes
     (at most `conns`), so one Python client process is not what limits the count."""
-    base = url.removesuffix("/v1/completions")
+    base = url.removesuffix(ROUTES[route].path)
     procs_n = max(1, min(conns, (os.cpu_count() or 1) // 4))
     shares = [conns // procs_n + (i < conns % procs_n) for i in range(procs_n)]
     if procs_n == 1:
-        parts = [_lean_process((base, conns, seconds))]
+        parts = [_lean_process((base, conns, seconds, route))]
     else:
         with multiprocessing.get_context("fork").Pool(procs_n) as pool:
-            parts = pool.map(_lean_process, [(base, share, seconds) for share in shares])
+            parts = pool.map(_lean_process, [(base, share, seconds, route) for share in shares])
     requests = sum(p["requests"] for p in parts)
     return {
         "rps": requests / max(p["wall_s"] for p in parts),
@@ -195,22 +241,24 @@ def run_lean(url: str, conns: int, seconds: int) -> dict:
     }
 
 
-async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> float:
+async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float], route: str = "completions") -> float:
     """Times to the first body bytes (appended to ttfts) at a fixed concurrency; returns SSE events
     per request. The client is the sidecar's own lean pool (C-parsed, keep-alive), so what it adds
     to every target is small and the same."""
     from palmyra_serve.sidecar.upstream.pool import EnginePool
 
     pool = EnginePool(base, 5, 60)
-    headers = [(b"authorization", f"Bearer {API_KEY}".encode()), (b"content-type", b"application/json")]
-    body = BODY.encode()
+    bench = ROUTES[route]
+    headers = bench.headers()
+    body = bench.body.encode()
+    path = bench.path.encode()
     events = 0
     remaining = total
 
     async def one(record: bool) -> None:
         nonlocal events
         t0 = time.perf_counter()
-        resp = await pool.request("POST", b"/v1/completions", headers, body)
+        resp = await pool.request("POST", path, headers, body)
         data = await resp.read_some()
         if record:
             ttfts.append(time.perf_counter() - t0)
@@ -231,13 +279,13 @@ async def ttft_probe(base: str, conns: int, total: int, ttfts: list[float]) -> f
     return events / total
 
 
-def ttft_rounds(urls: dict[str, str], conns: int, rounds: int) -> dict[str, dict]:
+def ttft_rounds(urls: dict[str, str], conns: int, rounds: int, route: str = "completions") -> dict[str, dict]:
     """TTFT of every target in alternating rounds, so the machine's drift hits all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in urls}
     chunks: dict[str, float] = {}
     for _ in range(rounds):
         for name, url in urls.items():
-            chunks[name] = asyncio.run(ttft_probe(url, conns, max(1000, conns * 8), samples[name]))
+            chunks[name] = asyncio.run(ttft_probe(url, conns, max(1000, conns * 8), samples[name], route))
     out = {}
     for name, ttfts in samples.items():
         ttfts.sort()
@@ -259,13 +307,20 @@ def workload_a(
     names: tuple[str, ...] = ("direct", "nginx", "sidecar"),
     tenants: bool = False,
     tracing: float | None = None,
+    routes: tuple[str, ...] = ("completions",),
 ) -> dict:
+    """The results of each route under results["routes"][route]["targets"][target][concurrency];
+    results["targets"] is the first route's (the only one, by default)."""
     engine_port, nginx_port = procs.free_port(), procs.free_port()
-    lua = log_dir / "post.lua"
-    lua.write_text(WRK_LUA.format(body=BODY, key=API_KEY))
+    luas = {}
+    for route in routes:
+        luas[route] = log_dir / f"post-{route}.lua"
+        luas[route].write_text(ROUTES[route].lua())
     engine = procs.spawn([sys.executable, str(HERE / "fast_engine.py"), str(engine_port)], log_dir / "fast.log", {})
     nginx = start_nginx(log_dir / "nginx-a", engine_port, nginx_port) if "nginx" in names else None
-    results: dict = {"concurrency": concurrencies, "targets": {}, "load": load}
+    by_route: dict[str, dict] = {route: {"path": ROUTES[route].path, "targets": {}} for route in routes}
+    results: dict = {"concurrency": concurrencies, "targets": by_route[routes[0]]["targets"], "load": load}
+    results["routes"] = by_route
     try:
         procs.wait_for(f"http://127.0.0.1:{engine_port}/health", engine, log_dir / "fast.log", 20)
         if nginx is not None:
@@ -300,38 +355,46 @@ def workload_a(
             import psutil
 
             sidecar_pids = [sidecar.proc.pid] + [c.pid for c in psutil.Process(sidecar.proc.pid).children(True)]
-            targets = {"direct": (f"http://127.0.0.1:{engine_port}/v1/completions", [engine.pid])}
+            targets = {"direct": (f"http://127.0.0.1:{engine_port}", [engine.pid])}
             if nginx is not None:
                 nginx_pids = [nginx.pid] + [c.pid for c in psutil.Process(nginx.pid).children(recursive=True)]
-                targets["nginx"] = (f"http://127.0.0.1:{nginx_port}/v1/completions", nginx_pids)
-            targets["sidecar"] = (f"{sidecar.url}/v1/completions", sidecar_pids)
-            for name in targets:
-                results["targets"][name] = {}
-            for conns in concurrencies:
-                # Interleave targets per concurrency so drift on this noisy machine hits all alike.
-                for name, (url, pids) in targets.items():
-                    cpu0 = cpu_seconds(pids)
-                    wrk = run_wrk(url, conns, seconds, lua) if load == "wrk" else run_lean(url, conns, seconds)
-                    cpu = cpu_seconds(pids) - cpu0
-                    results["targets"][name][str(conns)] = {
-                        **wrk,
-                        "chunks_per_s": wrk["rps"] * 64,
-                        "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"]),
-                    }
-                probes = ttft_rounds(
-                    {name: url.removesuffix("/v1/completions") for name, (url, _) in targets.items()},
-                    conns,
-                    ttft_rounds_n,
-                )
+                targets["nginx"] = (f"http://127.0.0.1:{nginx_port}", nginx_pids)
+            targets["sidecar"] = (sidecar.url, sidecar_pids)
+            for route in routes:
                 for name in targets:
-                    row = results["targets"][name][str(conns)]
-                    row.update(probes[name])
-                    print(
-                        f"A c={conns:<4} {name:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
-                        f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
-                        f"  non2xx {row['non_2xx']}",
-                        flush=True,
+                    by_route[route]["targets"][name] = {}
+            for conns in concurrencies:
+                # Interleave routes and targets per concurrency so drift on this noisy machine hits all alike.
+                for route in routes:
+                    path = ROUTES[route].path
+                    row_of = by_route[route]["targets"]
+                    for name, (base, pids) in targets.items():
+                        url = base + path
+                        cpu0 = cpu_seconds(pids)
+                        wrk = (
+                            run_wrk(url, conns, seconds, luas[route])
+                            if load == "wrk"
+                            else run_lean(url, conns, seconds, route)
+                        )
+                        cpu = cpu_seconds(pids) - cpu0
+                        row_of[name][str(conns)] = {
+                            **wrk,
+                            "chunks_per_s": wrk["rps"] * 64,
+                            "proxy_cpu_s_per_1000": 1000 * cpu / max(1, wrk["requests"]),
+                        }
+                    probes = ttft_rounds(
+                        {name: base for name, (base, _) in targets.items()}, conns, ttft_rounds_n, route
                     )
+                    for name in targets:
+                        row = row_of[name][str(conns)]
+                        row.update(probes[name])
+                        label = name if len(routes) == 1 else f"{route}/{name}"
+                        print(
+                            f"A c={conns:<4} {label:8} {row['rps']:9.0f} req/s  ttft p50 {row['ttft_p50_ms']:7.2f} ms"
+                            f"  p99 {row['ttft_p99_ms']:7.2f} ms  cpu/1000 {row['proxy_cpu_s_per_1000']:.3f} s"
+                            f"  non2xx {row['non_2xx']}",
+                            flush=True,
+                        )
     finally:
         if nginx is not None:
             procs.stop(nginx, timeout_s=5)
@@ -476,51 +539,20 @@ def workload_b(rounds: int, max_tokens: int, log_dir: Path) -> dict:
 def report(a: dict | None, b: dict | None) -> str:
     lines = ["# Relay benchmark", "", f"Machine: {os.cpu_count()} cores, {platform_line()}; one run, side by side.", ""]
     if a:
-        t = a["targets"]
-        names = [name for name in ("direct", "nginx", "sidecar") if name in t]
+        routes = a.get("routes") or {"completions": {"path": "/v1/completions", "targets": a["targets"]}}
         lines += [
             "## Workload A: fast fake engine, 64 SSE chunks per request",
             "",
             "Requests/s from "
             + ("wrk." if a.get("load", "wrk") == "wrk" else "the lean asyncio client (closed loop)."),
             "",
-            "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms"
-            " | proxy CPU s / 1000 req |",
-            "|---|---|---|---|---|---|---|---|",
         ]
-        for c in a["concurrency"]:
-            direct = t["direct"][str(c)]["rps"]
-            for name in names:
-                r = t[name][str(c)]
-                cpu = "—" if name == "direct" else f"{r['proxy_cpu_s_per_1000']:.3f}"
-                lines.append(
-                    f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
-                    f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |"
-                )
-        cs = [c for c in a["concurrency"]]
-        s, n, d = t["sidecar"], t.get("nginx"), t["direct"]
-        lines += ["", "Targets:", ""]
-        for c in (x for x in cs if x >= 32):
-            lines.append(
-                f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)"
-            )
-        if 1 in cs:
-            lines.append(
-                f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms "
-                f"(target ≤ 0.3 ms)"
-            )
-        if 32 in cs and n:
-            lines.append(
-                f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's "
-                f"(target ≤ 1.5×)"
-            )
-        for c in cs if n else ():
-            lines.append(
-                f"- CPU per relayed request at {c} streams: "
-                f"{s[str(c)]['proxy_cpu_s_per_1000'] / n[str(c)]['proxy_cpu_s_per_1000']:.1f}× nginx's "
-                f"(target ≤ 5×)"
-            )
-        lines.append("")
+        for route, part in routes.items():
+            if len(routes) > 1:
+                lines += [f"### {route} (`{part['path']}`)", ""]
+            lines += route_report(a["concurrency"], part["targets"])
+        if len(routes) > 1:
+            lines += per_route_report(a["concurrency"], routes)
     if b:
         lines += [
             "## Workload B: real vLLM CPU engine, tiny stand-in",
@@ -541,6 +573,65 @@ def report(a: dict | None, b: dict | None) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def route_report(cs: list[int], t: dict) -> list[str]:
+    """Workload A's table and targets for one route's streams."""
+    names = [name for name in ("direct", "nginx", "sidecar") if name in t]
+    lines = [
+        "| streams | target | req/s | % of direct | chunks/s | TTFT p50 ms | TTFT p99 ms | proxy CPU s / 1000 req |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cs:
+        direct = t["direct"][str(c)]["rps"]
+        for name in names:
+            r = t[name][str(c)]
+            cpu = "—" if name == "direct" else f"{r['proxy_cpu_s_per_1000']:.3f}"
+            lines.append(
+                f"| {c} | {name} | {r['rps']:.0f} | {100 * r['rps'] / direct:.1f}% | {r['chunks_per_s']:.0f} "
+                f"| {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} | {cpu} |"
+            )
+    s, n, d = t["sidecar"], t.get("nginx"), t["direct"]
+    lines += ["", "Targets:", ""]
+    for c in (x for x in cs if x >= 32):
+        lines.append(
+            f"- req/s at {c} streams: {100 * s[str(c)]['rps'] / d[str(c)]['rps']:.1f}% of direct (target ≥ 90%)"
+        )
+    if 1 in cs:
+        lines.append(
+            f"- TTFT p50 added at 1 stream: {s['1']['ttft_p50_ms'] - d['1']['ttft_p50_ms']:.3f} ms (target ≤ 0.3 ms)"
+        )
+    if 32 in cs and n:
+        lines.append(
+            f"- TTFT p99 at 32 streams: {s['32']['ttft_p99_ms'] / n['32']['ttft_p99_ms']:.2f}× nginx's (target ≤ 1.5×)"
+        )
+    for c in cs if n is not None else ():
+        cpu_ratio = s[str(c)]["proxy_cpu_s_per_1000"] / t["nginx"][str(c)]["proxy_cpu_s_per_1000"]
+        lines.append(f"- CPU per relayed request at {c} streams: {cpu_ratio:.1f}× nginx's (target ≤ 5×)")
+    lines.append("")
+    return lines
+
+
+def per_route_report(cs: list[int], routes: dict[str, dict]) -> list[str]:
+    """The routes side by side: the sidecar's CPU per relayed request, each against completions' (else
+    the first route's)."""
+    first = "completions" if "completions" in routes else next(iter(routes))
+    lines = [
+        "### Per route",
+        "",
+        f"| streams | route | sidecar req/s | % of direct | sidecar CPU s / 1000 req | vs {first} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cs:
+        base = routes[first]["targets"]["sidecar"][str(c)]["proxy_cpu_s_per_1000"]
+        for route, part in routes.items():
+            s, d = part["targets"]["sidecar"][str(c)], part["targets"]["direct"][str(c)]
+            lines.append(
+                f"| {c} | {route} | {s['rps']:.0f} | {100 * s['rps'] / d['rps']:.1f}% "
+                f"| {s['proxy_cpu_s_per_1000']:.3f} | {s['proxy_cpu_s_per_1000'] / base:.2f}× |"
+            )
+    lines.append("")
+    return lines
 
 
 def platform_line() -> str:
@@ -567,6 +658,12 @@ def main() -> int:
         help="workload A's requests/s: wrk, or the lean asyncio client where wrk cannot run",
     )
     parser.add_argument("--targets", default="direct,nginx,sidecar", help="workload A: which of direct,nginx,sidecar")
+    parser.add_argument(
+        "--route",
+        default="completions",
+        help="workload A: the streams' API, one or more (comma-separated, measured side by side) of "
+        + ",".join(ROUTES),
+    )
     parser.add_argument("--ttft-rounds", type=int, default=5, help="workload A: alternating TTFT rounds per point")
     parser.add_argument("--rounds", type=int, default=6, help="workload B: alternating rounds per point")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -586,6 +683,9 @@ def main() -> int:
     names = tuple(name for name in ("direct", "nginx", "sidecar") if name in args.targets.split(","))
     if not {"direct", "sidecar"} <= set(names):
         sys.exit("--targets needs direct and sidecar")
+    routes = tuple(dict.fromkeys(args.route.split(",")))
+    if unknown := [r for r in routes if r not in ROUTES]:
+        sys.exit(f"--route: unknown {','.join(unknown)} (one or more of {','.join(ROUTES)})")
     needed = set()
     if args.workload != "B":
         needed |= {"wrk"} if args.load == "wrk" else set()
@@ -607,6 +707,7 @@ def main() -> int:
                 names,
                 args.tenants,
                 args.tracing,
+                routes,
             )
             if args.workload in ("A", "all")
             else None
