@@ -26,7 +26,14 @@ ENGINE_MAX_MODEL_LEN = 2048  # procs.engine's
 @pytest.fixture(scope="module")
 def sidecar(engine_server, log_dir) -> Iterator[procs.Server]:
     # The production front-end defaults (write timeout 10 s); the cap follows the engine's length.
-    env = {**FAST, "PALMYRA_MAX_MODEL_LEN": str(ENGINE_MAX_MODEL_LEN), "PALMYRA_READ_TIMEOUT_S": "30"}
+    # No idle canary: its one-token prompt would reach the engine between the refusals whose
+    # absence there the second test counts (it did, once in CI: 14919 -> 14920 prompt tokens).
+    env = {
+        **FAST,
+        "PALMYRA_MAX_MODEL_LEN": str(ENGINE_MAX_MODEL_LEN),
+        "PALMYRA_READ_TIMEOUT_S": "30",
+        "PALMYRA_CANARY_INTERVAL_S": "3600",
+    }
     with procs.sidecar(engine_server.url, log_dir, engine_api_key=engine_server.api_key, extra_env=env) as server:
         yield server
 
