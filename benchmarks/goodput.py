@@ -20,7 +20,7 @@ TTFT percentiles as a lower bound (the table marks those percentiles with >=).
     python -m benchmarks.goodput --nginx                     # a third target: nginx in front of the engine,
                                                              # what a bare relay hop costs on this machine
 
-Run it under the shared lock: `flock /tmp/palmyra-heavy.lock python -m benchmarks.goodput`,
+Run it under the shared lock: `flock /tmp/palmyra-engine.lock python -m benchmarks.goodput`,
 from the repository root (the test helpers it runs the processes with import as `tests.helpers`).
 """
 

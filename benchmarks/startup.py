@@ -27,7 +27,7 @@ server up), vLLM's own "took" figures, and the sidecar's palmyra_startup_phase_s
     python -m benchmarks.startup --report                   # rewrite startup.md from the json
 (from the repository root: the test helpers it runs the processes with import as `tests.helpers`).
 Settings are the CPU deployment's (k8s base + cpu overlay): max-model-len 8192, KV cache 2 GiB,
-bf16, torch.compile on. Run it alone (flock /tmp/palmyra-heavy.lock ...): two cores.
+bf16, torch.compile on. Run it alone (flock /tmp/palmyra-engine.lock ...): two cores.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ groups, every directory the image's and the deployments' (Compose's, the k8s ove
 environment names is writable under the read-only root, and the engine command the image prints
 is the very line test_ascend_image.py generates on the host and puts through vLLM 0.18.0's parser.
 What it cannot prove: anything of CANN, torch-npu or vLLM on an NPU.
-Heavy: run under the machine-wide lock (flock /tmp/palmyra-heavy.lock ...).
+Heavy: run under the machine-wide lock (flock /tmp/palmyra-engine.lock ...).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 engine stops generating for it; the spellings vLLM coerces are bounded before they reach it; the
 routes vLLM serves but this service does not document never reach it.
 
-    flock /tmp/palmyra-heavy.lock .venv/bin/python -m pytest tests/engine/test_edge_front_engine.py -s
+    flock /tmp/palmyra-engine.lock .venv/bin/python -m pytest tests/engine/test_edge_front_engine.py -s
 """
 
 from __future__ import annotations
