@@ -1,6 +1,6 @@
 """`palmyra-serve up` end to end, on one `up` run (each engine start costs a minute or more here):
-a real completion with the quick start's settings; the engine's launcher killed, then each of
-vLLM's processes killed, each restarted by `up` while the sidecar stays up; Ctrl-C while the
+a real completion with the quick start's settings; each of vLLM's processes killed, then the
+engine's launcher, each engine restarted by `up` while the same sidecar serves on; Ctrl-C while the
 last restart is still starting leaves nothing.
 
 Nothing of a dead engine survives it, whichever of its processes died. Regression for a fault run
@@ -8,10 +8,12 @@ of the quick start: after vLLM's API server was SIGKILLed (idle or mid-stream) `
 engine, but the old VLLM::EngineCore and VLLM::Worker (4.8 GB RSS per worker on the full model)
 and a resource tracker lived on, re-parented to init, for as long as the machine ran. Measured
 here before the fix with the tiny stand-in: EngineCore 805 MiB, Worker 2046 MiB, tracker 12 MiB,
-still there after `up` itself stopped. One kill per engine start: the launcher's process group,
-then the API server mid-stream, the engine core while its engine is still starting (before it is
-ready: a death during start-up must be cleaned up too, and not waiting for ready saves an engine
-start), a worker mid-stream, each on the engine the previous restart brought up. After each of
+still there after `up` itself stopped. One kill per engine start, each on the engine the previous
+restart brought up: the API server mid-stream, the engine core while its engine is still starting
+(before it is ready: a death during start-up must be cleaned up too), a worker mid-stream, then the
+launcher's process group while that restart is starting. Only two of the five engines are waited
+for until ready (the first and the one the mid-stream worker kill needs): each wait is an engine
+start. After each of
 vLLM's, once `up` says it restarted the engine, no process of the old engine's session or process
 groups may remain, nor any of the /dev/shm segments its processes mapped (structure, not a memory
 figure).
@@ -44,7 +46,7 @@ KINDS = {
     "worker": lambda p: p.name().startswith("VLLM::Worker"),
 }
 # (what dies, and when: "mid-stream" on a ready engine, or "starting", as soon as the three
-# processes exist), after the launcher's own death (restart 1)
+# processes exist): restarts 1 to 3; the launcher's own death is restart 4
 KILLS = (("api_server", "mid-stream"), ("engine_core", "starting"), ("worker", "mid-stream"))
 
 
@@ -86,11 +88,13 @@ def shared_memory(pids: set[int]) -> set[str]:
 
 
 class Stream(threading.Thread):
-    """A long streamed completion through the sidecar; `started` is set at its first bytes."""
+    """A long streamed completion through the sidecar; `started` is set at its first bytes; `tail`
+    keeps its last bytes, `cut` whether the connection broke rather than ended."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url, self.started = url, threading.Event()
+        self.tail, self.cut = b"", False
 
     def run(self) -> None:
         body = completion("Tell me a long story", max_tokens=1500, stream=True, ignore_eos=True)
@@ -99,10 +103,15 @@ class Stream(threading.Thread):
                 plain_client(timeout=120) as client,
                 client.stream("POST", f"{self.url}/v1/completions", json=body) as resp,
             ):
-                for _ in resp.iter_bytes():
+                for chunk in resp.iter_bytes():
                     self.started.set()
+                    self.tail = (self.tail + chunk)[-4096:]
         except httpx.HTTPError:
-            pass  # the engine died under it: that is the point
+            self.cut = True  # the engine died under it: that is the point
+
+    def ended_as_a_failure(self) -> bool:
+        """An error event or a broken connection: never a stream that looks complete."""
+        return self.cut or b'"error"' in self.tail
 
 
 def kill_and_check(u: procs.Up, restart: int, target: str, when: str) -> None:
@@ -149,6 +158,7 @@ def kill_and_check(u: procs.Up, restart: int, target: str, when: str) -> None:
     if stream is not None:
         stream.join(30)
         assert not stream.is_alive(), "the stream outlived its engine"
+        assert stream.ended_as_a_failure(), f"the stream ended as if complete: {stream.tail[-300:]!r}"
 
 
 def wait_ready_again(u: procs.Up, restart: int) -> None:
@@ -178,51 +188,61 @@ def up(tiny_model_dir, log_dir) -> Iterator[procs.Up]:
         yield u
 
 
-def test_up_serves_without_keys_and_only_the_sidecar_reaches_the_engine(up):
+@pytest.fixture(scope="module")
+def sidecar_pid(up) -> int:
+    """The sidecar `up` started first: it must be the one serving after every engine restart."""
+    return next(c.pid for c in psutil.Process(up.proc.pid).children() if "sidecar" in " ".join(c.cmdline()))
+
+
+def serves(up: procs.Up, tokens: int) -> None:
+    resp = HTTP.post(
+        f"{up.url}/v1/completions", timeout=60, json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": tokens}
+    )
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == tokens, resp.text
+
+
+def test_up_serves_without_keys_and_only_the_sidecar_reaches_the_engine(up, sidecar_pid):
     out = up.console()
     assert f"http://127.0.0.1:{up.port}" in out and "curl " in out
     # No key configured: the quick start, and only it, serves without auth, and says so.
     assert "auth disabled for this local quick start (PALMYRA_AUTH_DISABLED=true)" in out
-    resp = HTTP.post(
-        f"{up.url}/v1/completions", timeout=60, json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 5}
-    )
-    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
+    serves(up, 5)
     # The engine's /v1 is guarded by the generated pod-local key: only the sidecar gets in.
     assert HTTP.get(f"http://127.0.0.1:{up.engine_port}/v1/models", timeout=5).status_code == 401
     # The terminal shows progress, not vLLM's start-up chatter (the engine's log has it).
     assert "Application startup complete" not in up.console()
 
 
-def test_a_killed_launcher_is_restarted_while_the_sidecar_serves_on(up):
-    # The engine dies: `up` says so, restarts it with backoff, and the same sidecar serves again.
-    # The launcher's group holds the launcher alone (vLLM's API server has a group of its own),
-    # so what is left of vLLM is up's to end (the next test checks that for each of vLLM's processes).
-    sidecar_pid = next(c.pid for c in psutil.Process(up.proc.pid).children() if "sidecar" in " ".join(c.cmdline()))
-    dead = up.engine_launcher()
-    os.killpg(dead.pid, signal.SIGKILL)
-
-    wait_until(lambda: "restarting the engine in" in up.console(), 30, "up to notice the dead engine")
-    wait_until(lambda: "engine restarted (restart 1)" in up.console(), 30, "the engine restarted")
-    wait_ready_again(up, 1)
-    assert up.engine_launcher().pid != dead.pid
-    assert psutil.Process(sidecar_pid).is_running()  # the sidecar stayed up throughout
-    resp = HTTP.post(
-        f"{up.url}/v1/completions", timeout=60, json={"model": "palmyra-mini", "prompt": "Hello", "max_tokens": 3}
-    )
-    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
-
-
-def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(up):
+def test_each_way_an_engine_dies_leaves_nothing_of_it_behind(up, sidecar_pid):
     t0 = time.monotonic()
-    for restart, (target, when) in enumerate(KILLS, start=2):
-        if when == "mid-stream":
+    for restart, (target, when) in enumerate(KILLS, start=1):
+        if when == "mid-stream" and restart > 1:  # the first engine is ready: the fixture waited
             wait_ready_again(up, restart - 1)
+            serves(up, 3)  # the sidecar `up` started first serves again, from the restarted engine
+            assert psutil.Process(sidecar_pid).is_running()
         kill_and_check(up, restart, target, when)
     print(f"test wall time {time.monotonic() - t0:.0f} s")
 
 
+def test_a_killed_launcher_is_restarted_and_the_sidecar_untouched(up, sidecar_pid):
+    # The launcher of the engine that restart 3 is starting dies: `up` says so and restarts it with
+    # backoff (restart 4; the next test stops it while it starts), the sidecar untouched throughout.
+    # The launcher's group holds the launcher alone (vLLM's API server has a group of its own), so
+    # what is left of vLLM is up's to end, as the previous test checked for each of vLLM's processes.
+    dead = up.engine_launcher()
+    os.killpg(dead.pid, signal.SIGKILL)
+
+    def said_since_restart_3() -> str:
+        return up.console().partition("engine restarted (restart 3)")[2]
+
+    wait_until(lambda: "restarting the engine in" in said_since_restart_3(), 30, "up to notice the dead engine")
+    wait_until(lambda: "engine restarted (restart 4)" in said_since_restart_3(), 30, "the engine restarted")
+    assert up.engine_launcher().pid != dead.pid
+    assert psutil.Process(sidecar_pid).is_running()  # the sidecar stayed up throughout
+
+
 def test_sigint_while_the_engine_restarts_stops_everything(up):
-    # The last kill's restart is under way: Ctrl-C now meets an engine still starting (waiting
+    # The launcher kill's restart is under way: Ctrl-C now meets an engine still starting (waiting
     # for it to be ready first would cost a whole engine start).
     up.engine_launcher()  # the restarted engine's launcher is there
     family = [up.proc.pid] + [c.pid for c in psutil.Process(up.proc.pid).children(recursive=True)]
