@@ -1,12 +1,15 @@
-"""The real engine hung (SIGSTOP) and killed mid-stream (SIGKILL to vLLM's engine core, then to the
-whole engine process group), behind the real sidecar, which must fail open streams cleanly, turn
-not-ready, judge liveness, and recover on its own once the engine is back on the same port.
+"""The real engine hung (SIGSTOP), then killed mid-stream (SIGKILL to vLLM's engine core, after
+which vLLM's API server exits by itself), behind the real sidecar, which must fail open streams
+cleanly, turn not-ready, judge liveness, and answer 503 with Retry-After once nothing listens.
 
 These damage the engine: they run on the tier's shared engine after every other test of it
-(tests/engine/conftest.py orders them last) and restart it in place. Order matters: hang first
-(it recovers with SIGCONT), then the engine-core kill (the engine is restarted and the sidecar
-must recover), then the process-group kill, the tier's last test: its engine stays down, since
-the recovery it would show is the one the engine-core kill has just shown.
+(tests/engine/conftest.py orders them last). Order matters: hang first (it recovers with SIGCONT),
+then the kill, the tier's last test: its engine stays down. The same sidecar re-earning /ready from
+an engine restarted on its port is shown by tests/engine/test_up.py (after each of vLLM's processes
+is killed, `up` restarts the engine and the first sidecar serves again) and, in a pod, by
+tests/container/test_kube_play.py; a stream cut by the engine's connection closing (rather than by
+vLLM's own error event) by test_up's API-server kill and, byte by byte, by tests/app/test_proxy.py.
+Each engine restart costs a minute here, so this module starts none.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.helpers import engine_under_test, procs
+from tests.helpers import procs
 from tests.helpers.api import HTTP, completion
 from tests.helpers.procs import RestartableEngine, signal_session
 from tests.helpers.reliability import (
@@ -39,14 +42,8 @@ STREAMS = 4
 
 pytestmark = [pytest.mark.damages_shared_engine, pytest.mark.engine_contract]  # engine_contract: the vllm018 tier too
 
-# Whether the sidecar's recovery is checked after the kill (a restart costs a minute or more).
-# Against vLLM 0.18.0 only the engine-core kill runs, without the restart: how a dying core ends
-# the streams is the engine's to decide, so it is checked on both versions; a refused connection
-# (the process group gone) and the sidecar re-earning /ready on the same port do not depend on
-# the engine's version, and the default engine shows them.
-RECOVERS_AFTER = {"engine-core": True, "process-group": False}
-if engine_under_test.vllm018():
-    RECOVERS_AFTER = {"engine-core": False}
+# vLLM's API server shuts itself down this soon after its engine core died (its watchdog: 5 s).
+API_SERVER_EXIT_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +153,7 @@ def test_engine_hung_by_sigstop(shared_engine, sidecar):
     )
 
 
-@pytest.mark.parametrize("target", list(RECOVERS_AFTER))
-def test_engine_killed_mid_stream(shared_engine, sidecar, target):
+def test_engine_core_killed_mid_stream(shared_engine, sidecar):
     engine = shared_engine
     if not engine_intact(engine):  # an earlier test failed half-way: start from a healthy engine
         recover(engine, sidecar)
@@ -168,10 +164,7 @@ def test_engine_killed_mid_stream(shared_engine, sidecar, target):
     watcher = TransitionWatcher(sidecar.url)
     watcher.start()
     t_kill = time.monotonic()
-    if target == "engine-core":
-        engine_core(engine.pid).send_signal(signal.SIGKILL)
-    else:
-        signal_session(engine.pid, signal.SIGKILL)
+    engine_core(engine.pid).send_signal(signal.SIGKILL)
 
     endings = stream_endings(streams, t_kill)
     for e in endings:
@@ -197,13 +190,19 @@ def test_engine_killed_mid_stream(shared_engine, sidecar, target):
     assert status == 503 and body["status"] == "engine_dead", body
     during = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
     assert during.status_code >= 500 and during.json()["error"]["message"], during.text
-    if target == "process-group":
-        assert during.status_code == 503 and during.headers.get("retry-after"), during.text
-        assert not psutil.pid_exists(engine.pid) or psutil.Process(engine.pid).status() == psutil.STATUS_ZOMBIE
 
-    recovered = recover(engine, sidecar) if RECOVERS_AFTER[target] else {}
+    # Then vLLM's API server exits by itself (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=0, its default), and
+    # with it the launcher: nothing listens on the engine's port any more.
+    assert engine.server is not None
+    launcher = engine.server.proc
+    exited_s = seconds_until(lambda: launcher.poll() is not None, API_SERVER_EXIT_S, "the engine to exit", 0.1)
+    after = HTTP.post(f"{sidecar.url}/v1/completions", json=completion(), timeout=30)
+    assert after.status_code == 503 and after.json()["error"]["code"] == "engine_unavailable", after.text
+    assert after.headers.get("retry-after"), after.headers
+    status, body = liveness(sidecar.url)
+    assert status == 503 and body["status"] == "engine_dead", body
     figure(
-        f"engine killed mid-stream ({target})",
+        "engine core killed mid-stream",
         streams=len(endings),
         ended_after_s=[e["after_s"] for e in endings],
         endings=sorted({e["error_event"] or "connection closed" for e in endings}),
@@ -211,5 +210,6 @@ def test_engine_killed_mid_stream(shared_engine, sidecar, target):
         unlive_after_s=round(unlive_s, 2),
         health=body["status"],
         request_while_dead=during.status_code,
-        **recovered,
+        engine_exited_after_s=round(exited_s, 2),
+        request_once_exited=after.status_code,
     )
