@@ -1,5 +1,5 @@
-"""The golden check on the real engine: the tiny stand-in served in bf16 agrees with its own fp32
-golden reference over many checks (no false alarm), and a reference recorded for other weights
+"""The golden check on the real engine: the tiny stand-in agrees with its own fp32 golden reference
+check after check (no false alarm; benchmarks/results/golden-soak.md runs many more), and a reference recorded for other weights
 (another seed) keeps the replica out of rotation with the reason `output_drift`."""
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ def test_its_own_reference_agrees_check_after_check(engine_server, log_dir, refe
         httpx.Client(timeout=10) as client,
     ):
 
-        def four_checks() -> str | None:
+        def two_checks() -> str | None:
             page = client.get(f"{sc.url}/metrics").text
-            return page if _counter(page, "agree") >= 4 else None
+            return page if _counter(page, "agree") >= 2 else None
 
-        page = wait_until(four_checks, 120, "four golden checks")
+        page = wait_until(two_checks, 120, "two golden checks")
         body = client.get(f"{sc.url}/ready").json()
     assert body["ready"] is True, body
     output = body["output"]
