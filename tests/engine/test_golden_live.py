@@ -1,6 +1,7 @@
 """The golden check on the real engine: the tiny stand-in agrees with its own fp32 golden reference
-check after check (no false alarm; benchmarks/results/golden-soak.md runs many more), and a reference recorded for other weights
-(another seed) keeps the replica out of rotation with the reason `output_drift`."""
+check after check (no false alarm; benchmarks/results/golden-soak.md runs many more), and a
+reference recorded for other weights (another seed) keeps the replica out of rotation with the
+reason `output_drift`."""
 
 from __future__ import annotations
 
