@@ -66,6 +66,22 @@ def test_the_report_names_versions_devices_and_mode():
     assert "bfloat16, graph" in md and "| vllm-ascend | 0.18.0 |" in md
 
 
+def test_the_cpus_widest_vector_extension_is_named(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\n")
+    assert environment.cpu_vector_extension(x86) == "AVX2"
+    x86.write_text("flags\t\t: avx avx2 avx512f avx512bw\n")
+    assert environment.cpu_vector_extension(x86) == "AVX-512"
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm sve\nCPU part\t: 0xd0c\n")
+    assert environment.cpu_vector_extension(arm) == "SVE"
+    assert environment.cpu_vector_extension(tmp_path / "missing") is None
+    cpu = {"kind": "cpu", "name": "AMD EPYC", "vector_extension": "AVX2", "count": 2, "driver": None, "cann": None}
+    env = {"engine_version": None, "installed_here": {}, "host": "h", "devices": cpu}
+    env |= {"dtype": "bfloat16", "mode": "graph", "source": "settings"}
+    assert "| devices | 2 x AMD EPYC (cpu, AVX2) |" in "\n".join(environment.markdown(env))
+
+
 def test_this_machine_is_described_without_importing_torch():
 
     env = environment.describe("http://127.0.0.1:1", None)

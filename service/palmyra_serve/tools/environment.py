@@ -6,7 +6,8 @@ so: run them on the engine's host or in its container (`docker exec`) and it des
   through the sidecar this is the version installed here);
 - vLLM, vllm-ascend and torch-npu as installed here (package metadata, nothing imported);
 - the devices: NPUs from `npu-smi info` (doctor's reader, which also gives the driver's version),
-  NVIDIA GPUs from `nvidia-smi`, else the CPU's model name and count; the installed CANN's version
+  NVIDIA GPUs from `nvidia-smi`, else the CPU's model name, count and widest vector extension
+  (AVX-512 against AVX2 changes the CPU engine's speed several-fold); the installed CANN's version
   (doctor's reader). No torch import: bench stays light;
 - the dtype and eager or graph mode from the argv of the vLLM server running here (the one on the
   endpoint's port when there are several), else from the PALMYRA_* settings `palmyra-serve engine`
@@ -102,6 +103,24 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or platform.machine()
 
 
+# Widest first: the first flag of /proc/cpuinfo's list found names the CPU's vector extension.
+VECTOR_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
+def cpu_vector_extension(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The widest SIMD extension the first CPU reports (x86 `flags`, Arm `Features`), or None."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            have = set(value.split())
+            return next((name for flag, name in VECTOR_FLAGS if flag in have), None)
+    return None
+
+
 def devices() -> dict[str, Any]:
     """NPUs (npu-smi, through doctor), else NVIDIA GPUs (nvidia-smi), else the CPU."""
     from palmyra_serve.doctor.host import cann_version, driver_version, gather
@@ -133,6 +152,7 @@ def devices() -> dict[str, Any]:
     return {
         "kind": "cpu",
         "name": cpu_model(),
+        "vector_extension": cpu_vector_extension(),
         "count": os.cpu_count(),
         "driver": driver_version(),
         "cann": cann,
@@ -151,6 +171,10 @@ def describe(base_url: str, served_version: str | None) -> dict[str, Any]:
     }
 
 
+def _with(extension: str | None) -> str:
+    return f", {extension}" if extension else ""
+
+
 def markdown(env: dict[str, Any]) -> list[str]:
     """The report's "Measured on" lines."""
     here = env["installed_here"]
@@ -160,7 +184,7 @@ def markdown(env: dict[str, Any]) -> list[str]:
     rows = [
         ["engine", f"vLLM {vllm or 'unknown'} ({vllm_from})"],
         ["vllm-ascend", here.get("vllm_ascend") or "not installed here"],
-        ["devices", f"{dev['count']} x {dev['name']} ({dev['kind']})"],
+        ["devices", f"{dev['count']} x {dev['name']} ({dev['kind']}{_with(dev.get('vector_extension'))})"],
         ["CANN", dev.get("cann") or "none here"],
         ["driver", dev.get("driver") or "none here"],
         ["dtype, mode", f"{env['dtype']}, {env['mode']} ({env['source']})"],
