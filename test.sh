@@ -8,7 +8,7 @@
 #   PALMYRA_LONG=1 ./test.sh  also the long variants (soak, longer fuzzing)
 # Extra pytest arguments go after `--` (to every pytest run):  ./test.sh unit -- -k settings -x
 # Up to four pytest runs, one after the other: the tiers that start no engine (unit, static, app)
-# on PALMYRA_TEST_WORKERS parallel workers (default 4; 0 runs them in this process), then the
+# on PALMYRA_TEST_WORKERS parallel workers (default 3; 0 runs them in this process), then the
 # container tier alone, then the engine tier alone, then the engine contract (tests marked
 # engine_contract) once more against vLLM 0.18.0 (PALMYRA_TEST_ENGINE=vllm018). Each writes a JUnit file into
 # PALMYRA_TEST_REPORTS (default .test-reports/); the closing report (tests/helpers/suite_report.py)
@@ -89,7 +89,7 @@ fi
 "$VENV/bin/pip" install --disable-pip-version-check -q -r tests/requirements-tools.txt
 
 export PATH="$PWD/$VENV/bin:$PATH"
-WORKERS=${PALMYRA_TEST_WORKERS:-4}
+WORKERS=${PALMYRA_TEST_WORKERS:-3}
 
 failed=0
 # One pytest run over the given tiers (those of them chosen); its exit status 5 ("no tests
