@@ -35,28 +35,10 @@ from typing import Any, Literal
 
 import anthropic
 import openai
-from pydantic import BaseModel
 
-MODEL = "palmyra-mini"
+from tests.helpers.api import ASK, MODEL, WEATHER, Verdict
+
 TIMEOUT_S = 120.0
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-class Verdict(BaseModel):
-    answer: Literal["yes", "no"]
 
 
 class Clients:

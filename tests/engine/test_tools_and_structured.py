@@ -9,30 +9,13 @@ to the tool's schema, and the random stand-in writes `true`); `required` and `au
 from __future__ import annotations
 
 import json
-from typing import Literal
 
 import openai
 import pytest
-from pydantic import BaseModel
 
-from tests.helpers.api import MODEL
+from tests.helpers.api import ASK, MODEL, WEATHER, Verdict
 
 pytestmark = pytest.mark.engine_contract
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +59,6 @@ def test_auto_tool_choice_is_served_and_a_tool_result_round_trip_too(sdk):
         max_tokens=16,
     )
     assert follow.usage is not None and follow.usage.completion_tokens > 0
-
-
-class Verdict(BaseModel):
-    answer: Literal["yes", "no"]
 
 
 def test_parse_with_a_strict_two_value_schema_completes(sdk):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel
 
 
 # Plain-HTTP clients for the tests, which never speak TLS. httpx's default client builds a
@@ -22,6 +23,27 @@ HTTP = plain_client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 MODEL = "palmyra-mini"  # the served model name of the tests' engines, real and fake
+
+# One function tool and the question that calls it, and a two-value schema for `parse`: the
+# client calls the engine tier and benchmarks/client_calls.py make with the unmodified SDKs.
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
 
 
 def completion(prompt: str | list[int] = "hi", max_tokens: int | str = 4, **extra: object) -> dict:
