@@ -228,6 +228,8 @@ COPY --from=project-wheel /wheel/ /tmp/palmyra/wheel/
 # the base's own versions as constraints, then the project alone (--no-deps, --no-index). The
 # check compares `pip freeze` and `pip check` before and after: nothing of the base may move, and
 # `pip check` may report nothing new (upstream's image already reports its own deliberate overrides).
+# Its report stays in the image (/opt/palmyra/base-unmoved.txt): a build served from the layer cache
+# prints nothing, and what this layer added to upstream's image can be read from any copy of it.
 WORKDIR /tmp/palmyra
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
@@ -235,7 +237,9 @@ RUN --mount=type=secret,id=ca,required=false \
  && python3 check-base-unmoved.py snapshot base.json constraints.txt \
  && python3 -m pip install -c constraints.txt -r engine-ascend-requirements.txt \
  && python3 -m pip install --no-deps --no-index wheel/*.whl \
+ && mkdir -p /opt/palmyra \
  && python3 check-base-unmoved.py compare base.json engine-ascend-requirements.txt palmyra-serve \
+    | tee /opt/palmyra/base-unmoved.txt \
  && PYTHONDONTWRITEBYTECODE=1 python3 -c "import palmyra_serve.cli, palmyra_serve.engine.launcher, palmyra_serve.model.resolve, modelscope" \
  && rm -rf /tmp/palmyra
 COPY healthchecks/ /opt/palmyra/healthchecks/
