@@ -15,6 +15,14 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 t0=$SECONDS
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# The set unpacks to about 8.2 GB: say so up front rather than as pip's "No space left on device"
+# halfway through a wheel.
+need_kb=$((9 * 1024 * 1024))
+have_kb=$(df -Pk "$VENV" | awk 'NR == 2 { print $4 }')
+if [ ! -f "$STAMP" ] && [ "$have_kb" -lt "$need_kb" ]; then
+  echo "[vllm018] $VENV needs about 9 GB free and its filesystem has $((have_kb / 1024 / 1024)) GB" >&2
+  exit 1
+fi
 # Byte-compiled at install where Python would not write the bytecode it compiles on import itself
 # (PYTHONDONTWRITEBYTECODE): otherwise every engine process compiled vLLM's imports again.
 compile=(--no-compile)
