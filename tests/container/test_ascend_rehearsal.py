@@ -197,8 +197,14 @@ def test_build_proves_the_base_unmoved_and_imports_the_launcher(rehearsal_image:
     assert "orjson==" in added[-1] and "pydantic-settings==" in added[-1] and "palmyra-serve==" in added[-1]
     # The launcher imports in the built image, under the image's own entrypoint (CANN sourced).
     imports = podman(
-        "run", "--rm", image, "python3", "-c", "import palmyra_serve.engine.launcher; print('imported')",
-        check=False, timeout=300,
+        "run",
+        "--rm",
+        image,
+        "python3",
+        "-c",
+        "import palmyra_serve.engine.launcher; print('imported')",
+        check=False,
+        timeout=300,
     )
     assert imports.returncode == 0 and imports.stdout.strip().endswith("imported"), imports.stderr
 
