@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from palmyra_serve.settings import Settings
 from palmyra_serve.sidecar.admission.control import build_admission
@@ -338,3 +340,61 @@ def test_the_usage_the_relay_asked_for_is_taken_out_whichever_read_carries_it(nu
     expected = b"".join(t.replace(b',"usage":null', b"") for t in tokens) + b"data: [DONE]\n\n"
     assert h.body() == expected
     assert h.logged()["completion_tokens"] == 6
+
+
+CHAT_BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": true}'
+
+
+def _engine_stream(chat: bool, null_usage: bool, finish_apart: bool) -> tuple[bytes, bytes]:
+    """A stream as vLLM writes it when asked for usage (compact JSON; 0.18 adds "usage":null to every
+    other event; the finish reason on the last token's event or on an empty one after it), and the
+    bytes its client must get: the same without what the relay asked for."""
+    extra = {"usage": None} if null_usage else {}
+    kind = {"object": "chat.completion.chunk"} if chat else {"object": "text_completion"}
+
+    def choice(i: int) -> dict:
+        finish = {"finish_reason": "length"} if i == 4 and not finish_apart else {}
+        return (
+            {"index": 0, "delta": {"content": f"t{i}"}, **finish} if chat else {"index": 0, "text": f"t{i}", **finish}
+        )
+
+    events = [_compact({"id": "c", **kind, "choices": [choice(i)], **extra}) for i in range(5)]
+    if chat:
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+        events.insert(0, _compact({"id": "c", **kind, "choices": [role], **extra}))
+    if finish_apart:
+        last = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
+        events.append(_compact({"id": "c", **kind, "choices": [{**last, "finish_reason": "stop"}], **extra}))
+    usage = _compact({"id": "c", **kind, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+    done = b"data: [DONE]\n\n"
+    stream = b"".join(events) + usage + done
+    return stream, b"".join(e.replace(b',"usage":null', b"") for e in events) + done
+
+
+@settings(max_examples=200, deadline=None)
+@given(chat=st.booleans(), null_usage=st.booleans(), finish_apart=st.booleans(), data=st.data())
+def test_whatever_the_reads_the_client_gets_its_stream_without_the_usage_it_did_not_ask_for(
+    chat: bool, null_usage: bool, finish_apart: bool, data: st.DataObject
+) -> None:
+    """The relay passes reads the accounting proved plain token events without a look; a usage
+    event (or 0.18's "usage":null) anywhere, in a read of its own, coalesced with others or split
+    at any byte, is still taken out, and the record keeps the engine's count. Reads are cut at
+    event boundaries (vLLM's own writes), at any byte, or both."""
+    stream, expected = _engine_stream(chat, null_usage, finish_apart)
+    boundaries = [i + 2 for i in range(len(stream) - 1) if stream[i : i + 2] == b"\n\n"][:-1]
+    cut = st.one_of(st.sampled_from(boundaries), st.integers(min_value=1, max_value=len(stream) - 1))
+    points = sorted(set(data.draw(st.one_of(st.just(boundaries), st.lists(cut, max_size=12)), label="cuts")))
+    reads = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    h = Harness(ScriptedResponse(200, b"text/event-stream", reads))
+    sent = [{"type": "http.request", "body": CHAT_BODY if chat else BODY, "more_body": False}]
+
+    async def receive() -> dict:
+        if sent:
+            return sent.pop(0)
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    asyncio.run(h.call(receive, {"path": path}))
+    assert h.body() == expected
+    assert h.logged()["completion_tokens"] == 5

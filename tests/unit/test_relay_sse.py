@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from palmyra_serve.sidecar.relay import sse
@@ -228,12 +229,15 @@ STRICT_CASES = {
 }
 
 
+@pytest.mark.parametrize("shape", [SseAccount, sse.CompletionsAccount, sse.ChatAccount], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("stream", STRICT_CASES.values(), ids=STRICT_CASES.keys())
-def test_the_strict_token_event_decode_accounts_exactly_as_the_general_parse(stream, monkeypatch):
-    fast = SseAccount()
+def test_the_strict_token_event_decode_accounts_exactly_as_the_general_parse(stream, shape, monkeypatch):
+    """Whichever API's account reads it (each tries only its own shape's decode)."""
+    fast = shape()
     fast.feed(stream, 2.0)
     fast.finish()
-    monkeypatch.setattr(sse, "_PLAIN_TOKEN_EVENTS", ())
+    monkeypatch.setattr(sse.SseAccount, "plain_decoders", ())
+    monkeypatch.setattr(sse.SseAccount, "one_event_decoders", ())
     general = SseAccount()
     general.feed(stream, 2.0)
     general.finish()
@@ -243,8 +247,9 @@ def test_the_strict_token_event_decode_accounts_exactly_as_the_general_parse(str
 
 
 def test_plain_token_reads_take_the_strict_decode(monkeypatch):
-    """The fast path is taken where it should be (else the cases above would compare the general
-    parse with itself)."""
+    """The fast paths are taken where they should be (else the cases above would compare the general
+    parse with itself): a read of several events decodes them as one array, a read of one event
+    alone by the one-event decode, whose failure sends it to the general parse."""
     calls = []
     real = sse.SseAccount._plain_tokens
 
@@ -252,9 +257,29 @@ def test_plain_token_reads_take_the_strict_decode(monkeypatch):
         calls.append(real(self, array, events, now))
         return calls[-1]
 
+    decoded: list[bool] = []
+
+    class Counting:
+        def __init__(self, decoder):
+            self.decoder = decoder
+
+        def decode(self, data):
+            try:
+                result = self.decoder.decode(data)
+            except msgspec.DecodeError:
+                decoded.append(False)
+                raise
+            decoded.append(True)
+            return result
+
     monkeypatch.setattr(sse.SseAccount, "_plain_tokens", spy)
-    account([text("a") + text("b"), delta({"content": "c"}), text(""), DONE])
-    assert calls == [True, True, False]
+    monkeypatch.setattr(sse.SseAccount, "one_event_decoders", tuple(map(Counting, sse.SseAccount.one_event_decoders)))
+    acc = account([text("a") + text("b"), delta({"content": "c"}), delta({"content": "d"}), text(""), DONE])
+    assert calls == [True]
+    # Completions' decode first, then chat's, which is tried first from then on; the empty text
+    # fits neither.
+    assert decoded == [False, True, True, False, False]
+    assert (acc.token_events, acc.events, acc.done) == (4, 6, True)
 
 
 def usage_event(text: str, usage: int | None = None) -> bytes:
@@ -289,3 +314,44 @@ def test_two_choices_count_events_not_the_summed_usage() -> None:
         acc.feed(b'data: {"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}\n\n', 1.0 + 0.1 * i)
     acc.feed(b'data: {"choices":[],"usage":{"completion_tokens":6}}\n\n', 1.3)
     assert acc.tokens_so_far() == 3
+
+
+USAGE_REPORT = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+# Each read with what feed() says of it: True only for whole plain token events (the relay's usage
+# filter passes those without a look, relay/pump.py), for the stream reads in this order.
+PLAIN_OR_NOT = [
+    ("role-only delta first", delta({"role": "assistant", "content": ""}), False),
+    ("one token event", delta({"content": "a"}), True),
+    ("two token events", delta({"content": "b"}) + delta({"content": "c"}), True),
+    ("an event cut short", delta({"content": "d"})[:20], False),
+    # Completing an event begun in the read before may be plain: the filter was given that read
+    # (not plain) and holds the event's start itself, so it sees this one too.
+    ("its rest", delta({"content": "d"})[20:], True),
+    ("CRLF framing", delta({"content": "e"}).replace(b"\n", b"\r\n"), False),
+    ("token then the usage report", delta({"content": "f"}) + USAGE_REPORT, False),
+    ("null usage on a token event", b'data: {"choices":[{"index":0,"delta":{"content":"g"}}],"usage":null}\n\n', True),
+    (
+        "two choices",
+        b'data: {"choices":[{"index":0,"delta":{"content":"h"}},{"index":1,"delta":{"content":"i"}}]}\n\n',
+        False,
+    ),
+    ("finish event", delta({}, finish="stop"), False),
+    ("done", DONE, False),
+]
+
+
+@pytest.mark.parametrize("shape", [SseAccount, sse.ChatAccount], ids=lambda c: c.__name__)
+def test_feed_says_plain_only_of_reads_of_whole_plain_token_events(shape):
+    acc = shape()
+    said = {name: acc.feed(chunk, 1.0 + i) for i, (name, chunk, _) in enumerate(PLAIN_OR_NOT)}
+    assert said == {name: plain for name, _, plain in PLAIN_OR_NOT}
+    assert acc.usage == {"prompt_tokens": 3, "completion_tokens": 2} and acc.done
+
+
+def test_no_read_is_plain_once_an_event_was_oversized():
+    acc = SseAccount()
+    assert acc.feed(delta({"content": "a"}) + b"data: " + b"x" * (MAX_EVENT_BYTES + 10), 1.0) is False
+    assert acc.skipping
+    assert acc.feed(b"x\n\n" + delta({"content": "b"}), 2.0) is False
+    assert acc.feed(delta({"content": "c"}), 3.0) is False
+    assert (acc.token_events, acc.oversized) == (3, 1)

@@ -153,8 +153,14 @@ class Pump:
         reported_first = False
         # JSON bodies of generations: watched for their usage report, never kept whole.
         usage = parts.body_usage() if parts is not None and not sse and ctype.startswith("application/json") else None
-        # The usage event the relay asked for on the client's behalf, taken out again.
+        # The usage event the relay asked for on the client's behalf, taken out again: every read
+        # goes through the filter while it may hold part of an event or until the filter knows the
+        # engine's dialect (vLLM 0.18 writes "usage":null into every event: then each read, for
+        # good); after that only the reads the accounting did not prove plain token events (the
+        # one with the usage report among them), with no call for the others.
         strip = UsageEventFilter() if ctx.strip_usage and sse else None
+        sift_all = True
+        plain = False  # without an account, no read is proven plain
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         first = 0.0
         try:
@@ -163,7 +169,7 @@ class Pump:
                 if not first:
                     first = now
                 if account is not None:
-                    account.feed(chunk, now)
+                    plain = account.feed(chunk, now)
                     if report and account.first_token:
                         assert ticket is not None
                         if not reported_first:
@@ -176,17 +182,9 @@ class Pump:
                                 self.admission.inter_token(ticket, gap)
                 elif usage is not None:
                     usage.feed(chunk)
-                if strip is not None and (
-                    strip.holding
-                    or strip.null_usage is not False
-                    or not chunk.endswith(b"\n\n")
-                    or account is None
-                    or account.usage is not None
-                ):
-                    # A read that may hold usage: on an engine that writes "usage":null into its
-                    # events, any; else only from the one in which the accounting found the report
-                    # (the relay asked for it on the client's behalf). Other reads pass, no call.
+                if strip is not None and (sift_all or not plain):
                     chunk = strip.feed(chunk)
+                    sift_all = strip.holding or strip.null_usage is not False
                 if resp.finished:  # the engine's last bytes: the response's end goes in the same write
                     tail = strip.flush() if strip is not None else b""
                     await send({"type": "http.response.body", "body": chunk + tail, "more_body": False})

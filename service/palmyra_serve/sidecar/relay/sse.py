@@ -17,17 +17,26 @@ Cost: one bytes search per read for the last event boundary, then one parse of t
 Nearly every event of a stream is a plain token event (one choice, index 0, non-empty text, no
 usage, no error); a read made only of those is decoded by msgspec against exactly that shape, which
 builds no object for the fields accounting ignores and leaves no Python loop to run: when the
-decode succeeds, each event is proven to be a token event of choice 0. Any other read (the first
-and last events, usage, errors, n>1, logprobs) fails that decode and is parsed in full by orjson.
-Measured by benchmarks/sse_accounting.py and reported in docs/reliability.md.
+decode succeeds, each event is proven to be a token event of choice 0. A read of one such event
+alone (an engine that is not saturated writes one event per read) skips even the framing: two
+bytes searches prove it one event of one line, and its JSON is decoded where it lies. Any other
+read (the first and last events, usage, errors, n>1, logprobs) fails that decode and is parsed in
+full by orjson. Each API's account tries only its own shape's decode (a failed decode raises, which
+costs more than a decode). Measured by benchmarks/sse_accounting.py and reported in
+docs/reliability.md.
 """
+
+# Longer than 400 lines: one class, a stream's accounting, whose per-read paths are written inline
+# for speed (a call per read is measurable); the shapes it decodes live in plain_events.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any
 
 import msgspec
 import orjson
+
+from palmyra_serve.sidecar.relay.plain_events import CHAT_TOKEN, CHAT_TOKENS, COMPLETIONS_TOKEN, COMPLETIONS_TOKENS
 
 # An event larger than this is not held: it is skipped up to its blank line (counted in
 # `oversized`, the relay goes on) and accounting resumes with the next event. vLLM's token events
@@ -39,42 +48,19 @@ DONE = b"[DONE]"
 # be escaped, so generated text cannot hold these bytes).
 USAGE_ONLY = b'"choices":[]'
 
-# The plain token event, strictly: what a successful decode proves is exactly what the general
-# path (_payloads) would count as one token event of choice 0. `error` typed as UNSET refuses the
-# key whatever its value; `usage` may only be null or absent; `choices` holds exactly one choice.
-_Text = Annotated[str, msgspec.Meta(min_length=1)]
-_Choice = TypeVar("_Choice")
-
-
-class _TextChoice(msgspec.Struct, gc=False):
-    text: _Text
-    index: Literal[0] = 0
-
-
-class _Delta(msgspec.Struct, gc=False):
-    content: _Text
-
-
-class _DeltaChoice(msgspec.Struct, gc=False):
-    delta: _Delta
-    index: Literal[0] = 0
-
-
-class _Event(msgspec.Struct, Generic[_Choice], gc=False):
-    choices: tuple[_Choice]
-    usage: None = None
-    error: msgspec.UnsetType = msgspec.UNSET
-
-
-# Completions first, chat second; an account remembers which one its stream speaks.
-_PLAIN_TOKEN_EVENTS: tuple[msgspec.json.Decoder[Any], ...] = (
-    msgspec.json.Decoder(list[_Event[_TextChoice]]),
-    msgspec.json.Decoder(list[_Event[_DeltaChoice]]),
-)
-
 
 class SseAccount:
+    """A stream of either shape (completions' or chat's). The relay uses each API's own account
+    (CompletionsAccount, ChatAccount; the typed-event streams of relay/typed_events.py try no
+    strict decode)."""
+
+    # The strict decoders tried, the one that last succeeded first (an account remembers which
+    # shape its stream speaks): for reads of several events, and for a read of one.
+    plain_decoders: tuple[msgspec.json.Decoder[Any], ...] = (COMPLETIONS_TOKENS, CHAT_TOKENS)
+    one_event_decoders: tuple[msgspec.json.Decoder[Any], ...] = (COMPLETIONS_TOKEN, CHAT_TOKEN)
+
     __slots__ = (
+        "_one",
         "_plain",
         "_tail",
         "done",
@@ -93,7 +79,8 @@ class SseAccount:
 
     def __init__(self) -> None:
         self._tail = b""
-        self._plain = _PLAIN_TOKEN_EVENTS  # the strict decoders, the one that last succeeded first
+        self._plain = self.plain_decoders
+        self._one = self.one_event_decoders
         self.events = 0  # data-bearing events, [DONE] included
         self.token_events = 0  # choice deltas that carried generated text, all choices together
         self.per_choice: dict[int, int] = {}
@@ -107,16 +94,48 @@ class SseAccount:
         self.oversized = 0  # events over MAX_EVENT_BYTES, skipped
         self.skipping = False  # inside such an event: its bytes are dropped until its blank line
 
-    def feed(self, chunk: bytes, now: float) -> None:
-        """Account for one read of the stream, `now` being when it arrived."""
+    def feed(self, chunk: bytes, now: float) -> bool:
+        """Account for one read of the stream, `now` being when it arrived. True when the events
+        the read completed were all plain token events (the strict decode's proof), it left nothing
+        unfinished and no event of the stream was ever oversized: then it holds no usage report,
+        no error and no [DONE], which lets the relay's usage-event filter (relay/usage_event.py)
+        pass it without a look. (Such a read may complete an event begun in the read before; that
+        read was not plain, so the filter saw it and holds the event's start.)"""
         if self.first_read_tokens < 0 and self.first_token:
             self.first_read_tokens = self.tokens_so_far()  # what the first token-bearing read held
         if self._tail:
             chunk = self._tail + chunk
+        elif (
+            # The read a stream is mostly made of: one whole event of one data line, its only line
+            # ends the blank line's two LFs (find() stops at the first LF), no CR. Its JSON goes to
+            # the strict decode as it is, with none of the general path's searches and copies.
+            chunk.find(b"\n") == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+            and chunk.startswith(b"data: {")
+            and chunk.find(b"\r") < 0
+            and not self.skipping
+        ):
+            for decoder in self._one:
+                try:
+                    decoder.decode(chunk[6:-2])
+                except msgspec.DecodeError:  # ValidationError included: not that shape
+                    continue
+                if decoder is not self._one[0]:
+                    self._one = self._one[::-1]
+                self.events += 1
+                self.token_events += 1
+                per_choice = self.per_choice
+                per_choice[0] = per_choice.get(0, 0) + 1
+                if not self.first_token:
+                    self.first_token = now
+                self.last_token = now
+                return not self.oversized
+            self._event(chunk[:-2], now)  # any other event: parsed in full
+            return False
         if self.skipping:
             rest = self._skip(chunk)
             if rest is None:
-                return
+                return False
             chunk = rest
         if b"\r" in chunk:
             # CR and CRLF line ends are legal SSE; vLLM writes LF. Normalised on this copy only,
@@ -126,8 +145,8 @@ class SseAccount:
             self._scan(chunk, now)
             if held:
                 self._tail += b"\r"
-            return
-        self._scan(chunk, now)
+            return False
+        return self._scan(chunk, now)
 
     def _skip(self, data: bytes) -> bytes | None:
         """The bytes after an oversized event's blank line; None while it goes on (only its last
@@ -143,12 +162,13 @@ class SseAccount:
         self._tail = b""
         return data[end + 2 :] + (b"\r" if held else b"")
 
-    def _scan(self, data: bytes, now: float) -> None:
+    def _scan(self, data: bytes, now: float) -> bool:
+        """Account for the whole events of `data`, keeping its unfinished tail; True as feed()."""
         if data.endswith(b"\n\n"):  # the usual read: whole events
             self._tail = b""
             complete = data[:-2]
             if not complete:
-                return
+                return False
         else:
             end = data.rfind(b"\n\n")
             self._tail = data[end + 2 :] if end >= 0 else data
@@ -156,10 +176,8 @@ class SseAccount:
                 self.oversized += 1
                 self.skipping = True
                 self._tail = b"\n" if data.endswith(b"\n") else b""  # half of its blank line
-            if end < 0:
-                return
-            if end == 0:
-                return
+            if end <= 0:
+                return False
             complete = data[:end]
         # Fast path, vLLM's shape: every event one `data: ` line. Then the events of this read are
         # turned into one JSON array and parsed in one C call (a third cheaper than one call per
@@ -185,20 +203,25 @@ class SseAccount:
                     complete = complete[: last + 2] if last >= 0 else b""
                     events -= 1
                     separators -= 1
+            plain = False
             if events:
                 body = complete[6:-2] if done else complete[6:]
                 array = b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
-                if not self._plain_tokens(array, events, now):
+                plain = self._plain_tokens(array, events, now)
+                if not plain:
                     self._parse_all(array, complete, events, now)
             if report is not None:
                 self._event(report, now)
+                plain = False
             if done:
                 self.events += 1
                 self.done = True
-            return
+                plain = False
+            return plain and not self._tail and not self.oversized
         for block in complete.split(b"\n\n"):
             if block:
                 self._event(block, now)
+        return False
 
     def _plain_tokens(self, array: bytes, events: int, now: float) -> bool:
         """Account for a read of plain token events of choice 0 in one strict decode; False (and
@@ -361,6 +384,18 @@ class SseAccount:
         if steps < 2:
             return None
         return (self.last_token - self.first_token) / (steps - 1)
+
+
+class CompletionsAccount(SseAccount):
+    __slots__ = ()
+    plain_decoders = (COMPLETIONS_TOKENS,)
+    one_event_decoders = (COMPLETIONS_TOKEN,)
+
+
+class ChatAccount(SseAccount):
+    __slots__ = ()
+    plain_decoders = (CHAT_TOKENS,)
+    one_event_decoders = (CHAT_TOKEN,)
 
 
 def _data_of(block: bytes) -> bytes | None:

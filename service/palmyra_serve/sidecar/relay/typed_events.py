@@ -65,6 +65,9 @@ class TypedEventAccount(SseAccount):
     """SseAccount's framing; each event read by its `type` (typed())."""
 
     __slots__ = ()
+    # No event of these APIs has `choices`: every read is parsed in full.
+    plain_decoders = ()
+    one_event_decoders = ()
 
     def _payload(self, payload: Any, now: float) -> None:
         if isinstance(payload, dict):

@@ -8,14 +8,14 @@ and takes that event out here, so the client gets exactly the events it would ha
 member is taken out too. Both are safe to find by their bytes: inside a JSON string every quote is
 escaped, so generated text cannot contain `"choices":[]` or `,"usage":null` unescaped.
 
-Cost: a read that ends an event passes through unchanged, without a call in here, unless it may
-hold usage: on an engine that writes `"usage":null` into its events (0.18, seen in the stream's
-first read: `null_usage`) every read may; on one that does not (0.32), only the reads from the one
-in which the stream's accounting found the usage report (relay/pump.py checks both inline; until
-the first whole event tells which engine it is, every read goes through). A read
-with them is split only if it holds `"choices":[]` (vLLM's compact JSON), which only the usage event
-carries; a read that ends inside an event is held until the event's end (vLLM writes whole events,
-so in practice nothing waits).
+Cost: on an engine that writes `"usage":null` into its events (0.18, seen in the stream's first
+whole event: `null_usage`) every read goes through here. On one that does not (0.32), a read the
+stream's accounting proved to be nothing but plain token events (relay/sse.py: no usage report, no
+[DONE]) passes unchanged without a call in here; the others go through (relay/pump.py decides
+inline; until the first whole event tells which engine it is, and while part of an event is held,
+every read does). A read is split only if it holds `"choices":[]` (vLLM's compact JSON), which
+only the usage event carries; a read that ends inside an event is held until the event's end (vLLM
+writes whole events, so in practice nothing waits).
 A stream without the blank-line event separator is passed through once MAX_HELD bytes would be
 held, never buffered whole.
 """

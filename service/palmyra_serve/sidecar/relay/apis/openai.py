@@ -6,7 +6,7 @@ from typing import Any
 
 from palmyra_serve.sidecar.policy.inspect import Inspection
 from palmyra_serve.sidecar.relay.apis.base import ApiRelay
-from palmyra_serve.sidecar.relay.sse import SseAccount
+from palmyra_serve.sidecar.relay.sse import ChatAccount, CompletionsAccount
 from palmyra_serve.sidecar.relay.usage import UsageScanner
 
 
@@ -23,5 +23,7 @@ def ask_for_usage(payload: dict[str, Any], seen: Inspection) -> tuple[bool, bool
     return True, not seen.wants_usage
 
 
-COMPLETIONS = ApiRelay(rewrite=ask_for_usage, stream_account=SseAccount, body_usage=UsageScanner, reports_usage=False)
-CHAT = COMPLETIONS
+COMPLETIONS = ApiRelay(
+    rewrite=ask_for_usage, stream_account=CompletionsAccount, body_usage=UsageScanner, reports_usage=False
+)
+CHAT = ApiRelay(rewrite=ask_for_usage, stream_account=ChatAccount, body_usage=UsageScanner, reports_usage=False)
