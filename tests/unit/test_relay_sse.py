@@ -226,6 +226,22 @@ STRICT_CASES = {
     "duplicate choices key": b'data: {"choices":[{"index":0,"text":"a"}],"choices":[]}\n\n',
     "two values in one event": b'data: {"choices":[{"index":0,"text":"a"}]},{"choices":[]}\n\n' + text("b"),
     "done after tokens": text("a") + text("b") + DONE,
+    # A whole stream in one read: plain tokens between ends that are not (parsed alone).
+    "whole chat stream": delta({"role": "assistant", "content": ""})
+    + delta({"content": "a"})
+    + delta({"content": "b"})
+    + delta({}, finish="stop")
+    + event({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2}})
+    + DONE,
+    "ends that are not JSON": event("not json") + text("a") + text("b") + event("{bad"),
+    "two values at an end": b'data: {"choices":[]},{"choices":[]}\n\n' + text("a") + text("b") + text(""),
+    "error at the end": text("a") + text("b") + text("c") + event({"error": {"message": "x", "code": 500}}),
+    "usage at the start": event({"choices": [], "usage": {"completion_tokens": 9}}) + text("a") + text("b") + text(""),
+    "two choices at both ends": event({"choices": [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}]})
+    + text("c")
+    + text("d")
+    + event({"choices": [{"index": 1, "text": "e"}]}),
+    "a non-plain event between the ends": text("") + text("a") + text("") + text("b") + text(""),
 }
 
 

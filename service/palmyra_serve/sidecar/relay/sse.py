@@ -193,9 +193,10 @@ class SseAccount:
                 complete = complete[:-12]
                 events -= 1
             report = None
-            if events and USAGE_ONLY in complete:
+            if events:
                 # The usage report (choices: []) ends a stream that asked for it: accounted on
-                # its own, after the events before it, which keep the fast path.
+                # its own, after the events before it, which keep the fast path. Looked for in the
+                # last event only (found from the end, never by a search through the whole read).
                 last = complete.rfind(b"\n\ndata: ", 0, len(complete) - 2)
                 tail = complete[last + 2 :] if last >= 0 else complete
                 if USAGE_ONLY in tail:
@@ -208,7 +209,7 @@ class SseAccount:
                 body = complete[6:-2] if done else complete[6:]
                 array = b"[" + body.replace(b"\n\ndata: ", b",") + b"]" if separators else b"[" + body + b"]"
                 plain = self._plain_tokens(array, events, now)
-                if not plain:
+                if not plain and not (events > 2 and self._ends_apart(body, events, now)):
                     self._parse_all(array, complete, events, now)
             if report is not None:
                 self._event(report, now)
@@ -243,6 +244,27 @@ class SseAccount:
             self.last_token = now
             return True
         return False
+
+    def _ends_apart(self, body: bytes, events: int, now: float) -> bool:
+        """A read of plain token events between a first and a last event that are not (a whole
+        stream in one read, as a fast engine's reads often are: chat's role-only opening delta and
+        the closing event around the tokens): the events between decoded strictly in one call,
+        the two ends parsed alone. False, nothing counted, when those between are not all plain.
+        `body`: the read's events from the first one's JSON on, "\n\ndata: " between them."""
+        first = body.find(b"\n\ndata: ")
+        last = body.rfind(b"\n\ndata: ")
+        between = b"[" + body[first + 8 : last].replace(b"\n\ndata: ", b",") + b"]"
+        if not self._plain_tokens(between, events - 2, now):
+            return False
+        for data in (body[:first], body[last + 8 :]):
+            self.events += 1
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                self.unparsed += 1
+                continue
+            self._payload(payload, now)
+        return True
 
     def _parse_all(self, array: bytes, complete: bytes, events: int, now: float) -> None:
         """The read's events as one JSON array, or event by event when that array does not hold

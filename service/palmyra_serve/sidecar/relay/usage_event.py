@@ -68,19 +68,20 @@ class UsageEventFilter:
             data = data[:end]
         if self.null_usage is None:
             self.null_usage = NULL_USAGE in data
-        if NULL_USAGE in data:
+        if self.null_usage and NULL_USAGE in data:
             data = data.replace(NULL_USAGE, b"")
-        at = data.find(EMPTY_CHOICES)
-        while at >= 0:  # only the events around a candidate are looked at, not every event of the read
+        # From the end: the report is the stream's last event before [DONE], so in a read that
+        # holds much of the stream it is found without a search through the rest. Only the events
+        # around a candidate are looked at, not every event of the read.
+        at = data.rfind(EMPTY_CHOICES)
+        while at >= 0:
             start = data.rfind(b"\n\n", 0, at) + 2 if at else 0
             start = 0 if start == 1 else start
             end = data.find(b"\n\n", at) + 2
             if _usage_only(data[start : end - 2]):
                 data = data[:start] + data[end:]
                 self.removed += 1
-                at = data.find(EMPTY_CHOICES, start)
-            else:
-                at = data.find(EMPTY_CHOICES, end)
+            at = data.rfind(EMPTY_CHOICES, 0, start)
         return data
 
     def flush(self) -> bytes:
