@@ -121,6 +121,20 @@ ROUTES = {
 }
 
 
+def workload_a_env(in_flight: int = 256) -> dict[str, str]:
+    """The sidecar's settings in workload A: a key, fixed admission at `in_flight` with its queue
+    and the connection cap they need plus 64 spare (nothing refused), the access log on, no canary."""
+    return {
+        "PALMYRA_API_KEYS": API_KEY,
+        "PALMYRA_ADMISSION_MODE": "fixed",
+        "PALMYRA_MAX_IN_FLIGHT": str(in_flight),
+        "PALMYRA_MAX_QUEUE": "256",
+        "PALMYRA_MAX_CONNECTIONS": str(in_flight + 256 + 64),
+        "PALMYRA_LOG_LEVEL": "info",
+        "PALMYRA_CANARY_INTERVAL_S": "3600",
+    }
+
+
 def cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -329,16 +343,7 @@ def workload_a(
         # the relay, not the adaptive limit (which would size itself to a fake engine that reports
         # no capacity), so nothing may be refused; the connection cap is what that limit and the
         # queue need plus its 64 spare.
-        in_flight = max(256, *concurrencies)
-        env = {
-            "PALMYRA_API_KEYS": API_KEY,
-            "PALMYRA_ADMISSION_MODE": "fixed",
-            "PALMYRA_MAX_IN_FLIGHT": str(in_flight),
-            "PALMYRA_MAX_QUEUE": "256",
-            "PALMYRA_MAX_CONNECTIONS": str(in_flight + 256 + 64),
-            "PALMYRA_LOG_LEVEL": "info",
-            "PALMYRA_CANARY_INTERVAL_S": "3600",
-        }
+        env = workload_a_env(max(256, *concurrencies))
         if tenants:
             env.update(tenants_env(log_dir))
         sink = span_sink() if tracing is not None else contextlib.nullcontext("")

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.relay import API_KEY, HERE, ROUTES, cpu_seconds, run_wrk
+from benchmarks.relay import HERE, ROUTES, cpu_seconds, run_wrk, workload_a_env
 from tests.helpers import procs
 
 # Two-sided 95% t quantiles by degrees of freedom (beyond 30, the normal's).
@@ -35,16 +35,7 @@ def t95(df: int) -> float:
 
 
 def workload_env(tree: Path) -> dict[str, str]:
-    return {
-        "PYTHONPATH": str(tree.resolve() / "service"),
-        "PALMYRA_API_KEYS": API_KEY,
-        "PALMYRA_ADMISSION_MODE": "fixed",
-        "PALMYRA_MAX_IN_FLIGHT": "256",
-        "PALMYRA_MAX_QUEUE": "256",
-        "PALMYRA_MAX_CONNECTIONS": "576",
-        "PALMYRA_LOG_LEVEL": "info",
-        "PALMYRA_CANARY_INTERVAL_S": "3600",
-    }
+    return {**workload_a_env(), "PYTHONPATH": str(tree.resolve() / "service")}
 
 
 def summary(ratios: list[float]) -> tuple[float, float, float]:

@@ -39,18 +39,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks.fast_engine import stream_of
-from benchmarks.relay import API_KEY, ROUTES
+from benchmarks.relay import API_KEY, ROUTES, workload_a_env
 
-ENV = {
-    "PALMYRA_API_KEYS": API_KEY,
-    "PALMYRA_ENGINE_URL": "http://127.0.0.1:9",  # never reached: the pool below answers
-    "PALMYRA_ADMISSION_MODE": "fixed",
-    "PALMYRA_MAX_IN_FLIGHT": "256",
-    "PALMYRA_MAX_QUEUE": "256",
-    "PALMYRA_MAX_CONNECTIONS": "576",
-    "PALMYRA_LOG_LEVEL": "info",
-    "PALMYRA_CANARY_INTERVAL_S": "3600",
-}
+# Never reached: the pool below answers.
+ENV = {**workload_a_env(), "PALMYRA_ENGINE_URL": "http://127.0.0.1:9"}
 
 
 class MemoryResponse:

@@ -256,14 +256,8 @@ class SseAccount:
         between = b"[" + body[first + 8 : last].replace(b"\n\ndata: ", b",") + b"]"
         if not self._plain_tokens(between, events - 2, now):
             return False
-        for data in (body[:first], body[last + 8 :]):
-            self.events += 1
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                self.unparsed += 1
-                continue
-            self._payload(payload, now)
+        self._json_event(body[:first], now)
+        self._json_event(body[last + 8 :], now)
         return True
 
     def _parse_all(self, array: bytes, complete: bytes, events: int, now: float) -> None:
@@ -289,10 +283,15 @@ class SseAccount:
             data = _data_of(block)
             if data is None:
                 return  # a comment (": ping"), an `event:`/`id:`/`retry:`-only block
-        self.events += 1
         if data == DONE:
+            self.events += 1
             self.done = True
             return
+        self._json_event(data, now)
+
+    def _json_event(self, data: bytes, now: float) -> None:
+        """One event's data: counted, parsed, accounted (counted as unparsed when not JSON)."""
+        self.events += 1
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
