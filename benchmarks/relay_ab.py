@@ -24,14 +24,15 @@ from pathlib import Path
 from benchmarks.relay import HERE, ROUTES, cpu_seconds, run_wrk, workload_a_env
 from tests.helpers import procs
 
-# Two-sided 95% t quantiles by degrees of freedom (beyond 30, the normal's).
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
-T95.update({11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09})
-T95.update({20: 2.09, 25: 2.06, 30: 2.04})
+# Two-sided 95% t quantiles for 1..30 degrees of freedom (beyond, the normal's 1.96).
+T95: tuple[float, ...] = (
+    *(12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13),
+    *(2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04),
+)
 
 
 def t95(df: int) -> float:
-    return T95.get(df) or (T95[max(k for k in T95 if k <= df)] if df <= 30 else 1.96)
+    return T95[df - 1] if df <= len(T95) else 1.96
 
 
 def workload_env(tree: Path) -> dict[str, str]:

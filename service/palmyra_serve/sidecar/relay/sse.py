@@ -106,8 +106,8 @@ class SseAccount:
         if self._tail:
             chunk = self._tail + chunk
         elif (
-            # The read a stream is mostly made of: one whole event of one data line, its only line
-            # ends the blank line's two LFs (find() stops at the first LF), no CR. Its JSON goes to
+            # The read a stream is mostly made of: one whole event of one data line, whose only
+            # LFs are the two that end it (find() stops at the first), and no CR. Its JSON goes to
             # the strict decode as it is, with none of the general path's searches and copies.
             chunk.find(b"\n") == len(chunk) - 2
             and chunk.endswith(b"\n\n")
