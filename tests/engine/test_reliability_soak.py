@@ -70,7 +70,10 @@ def traffic(url: str, stop: threading.Event, seen: Counter, seed: int) -> None:
                 seen[f"{kind}:{type(exc).__name__}"] += 1
 
 
-def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, warmup_s: float) -> None:
+def soak(sidecar: procs.Server, engine_server: procs.Server, samples_wanted: int, warmup_s: float) -> None:
+    """Traffic for the warm-up, then until `samples_wanted` samples are taken, one every
+    SAMPLE_EVERY_S. Counted, not timed: on a busy 2-core runner a sample (and the sleep before
+    it) runs late, and a fixed time window then held too few samples to compare thirds."""
     stop = threading.Event()
     seen: Counter = Counter()
     workers = [threading.Thread(target=traffic, args=(sidecar.url, stop, seen, i), daemon=True) for i in range(WORKERS)]
@@ -78,11 +81,15 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, war
         w.start()
     samples = []
     t0 = time.monotonic()
+    # A ceiling only against a sampler that stopped: three times the planned duration.
+    deadline = t0 + 3 * (warmup_s + samples_wanted * SAMPLE_EVERY_S)
     try:
-        while time.monotonic() - t0 < seconds:
-            time.sleep(SAMPLE_EVERY_S)
-            if time.monotonic() - t0 >= warmup_s:
-                samples.append(usage(sidecar.proc.pid, engine_server.port))
+        time.sleep(warmup_s)
+        next_at = time.monotonic()
+        while len(samples) < samples_wanted and time.monotonic() < deadline:
+            samples.append(usage(sidecar.proc.pid, engine_server.port))
+            next_at += SAMPLE_EVERY_S
+            time.sleep(max(0.0, next_at - time.monotonic()))
     finally:
         stop.set()
         for w in workers:
@@ -99,7 +106,7 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, war
     requests = sum(seen.values())
     unexpected = {k: v for k, v in seen.items() if not k.endswith((":200", ":400", ":429")) and k not in ("cut:200",)}
     figure(
-        f"soak ({seconds:.0f} s)",
+        f"soak ({time.monotonic() - t0:.0f} s)",
         requests=requests,
         samples=len(samples),
         rss_mb_first_last=(round(mean(first, "rss_mb"), 1), round(mean(last, "rss_mb"), 1)),
@@ -109,7 +116,7 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, war
         growth=growth,
         outcomes=dict(sorted(seen.items())),
     )
-    assert len(samples) >= 9
+    assert len(samples) == samples_wanted, f"{len(samples)} of {samples_wanted} samples before the ceiling"
     assert not unexpected, unexpected
     assert seen.get("bad:400", 0) > 0 and sum(v for k, v in seen.items() if k.startswith("cut:")) > 0
     assert growth["rss_mb"] <= RSS_SLACK_MB, growth
@@ -121,9 +128,9 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, seconds: float, war
 
 
 def test_soak_mixed_traffic_without_growth(sidecar, engine_server):
-    soak(sidecar, engine_server, seconds=45, warmup_s=12)  # 11 samples after the warm-up
+    soak(sidecar, engine_server, samples_wanted=11, warmup_s=12)  # about 45 s
 
 
 @pytest.mark.long
 def test_soak_mixed_traffic_without_growth_long(sidecar, engine_server):
-    soak(sidecar, engine_server, seconds=1800, warmup_s=120)
+    soak(sidecar, engine_server, samples_wanted=560, warmup_s=120)  # about 30 minutes
