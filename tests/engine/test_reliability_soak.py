@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import procs
 from tests.helpers.api import MODEL, completion, plain_client
-from tests.helpers.reliability import FAST, StreamThread, figure, generate_ok, long_stream, usage
+from tests.helpers.reliability import FAST, StreamThread, Usage, figure, generate_ok, long_stream, usage
 
 SAMPLE_EVERY_S = 3.0
 WORKERS = 4
@@ -79,7 +79,7 @@ def soak(sidecar: procs.Server, engine_server: procs.Server, samples_wanted: int
     workers = [threading.Thread(target=traffic, args=(sidecar.url, stop, seen, i), daemon=True) for i in range(WORKERS)]
     for w in workers:
         w.start()
-    samples = []
+    samples: list[Usage] = []
     t0 = time.monotonic()
     # A ceiling only against a sampler that stopped: three times the planned duration.
     deadline = t0 + 3 * (warmup_s + samples_wanted * SAMPLE_EVERY_S)
