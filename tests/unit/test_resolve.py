@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from palmyra_serve.model import resolve, stand_in
 from palmyra_serve.settings import Settings
+from tests.helpers.models import stand_in_model
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing answers
 
 
+def stand_in_at(dest: Path) -> Path:
+    """A tiny stand-in checkpoint at `dest`: a copy of the tests' cached one (built once per
+    machine), since building one takes seconds and these tests only need one on disk."""
+    shutil.copytree(stand_in_model("tiny"), dest)
+    return dest
+
+
 def test_local_checkpoint_is_used_as_is(tmp_path):
-    ckpt = stand_in.build(tmp_path / "ckpt", "tiny")
+    ckpt = stand_in_at(tmp_path / "ckpt")
     assert resolve.resolve(Settings(model=str(ckpt), model_dir=tmp_path / "unused")) == ckpt
     assert not (tmp_path / "unused").exists()
 
@@ -54,7 +65,7 @@ def test_accelerators_refuse_the_stand_in_unless_allowed(tmp_path, monkeypatch, 
         assert way in message
     assert not (tmp_path / "m").exists()
     # A stand-in already on the volume (left by an earlier CPU run) is refused as well.
-    stand_in.build(tmp_path / "m", "tiny")
+    stand_in_at(tmp_path / "m")
     with pytest.raises(resolve.ModelUnavailable, match="RANDOM-WEIGHT stand-in, refused on"):
         resolve.resolve(Settings(model_dir=tmp_path / "m"), platform=platform)
     # Explicitly allowed, it is used (and announced).
@@ -92,7 +103,7 @@ def test_modelscope_source_without_the_package_says_which_image_has_it(tmp_path,
 
 
 def test_weights_already_present_are_not_fetched_again(tmp_path, monkeypatch):
-    dest = stand_in.build(tmp_path / "m", "tiny")
+    dest = stand_in_at(tmp_path / "m")
     monkeypatch.setattr(resolve, "reachable", lambda *_: pytest.fail("must not probe the hub"))
     assert resolve.resolve(Settings(model_dir=dest), platform="cpu") == dest
 
@@ -100,7 +111,7 @@ def test_weights_already_present_are_not_fetched_again(tmp_path, monkeypatch):
 def test_a_reused_stand_in_says_how_to_start_fresh(tmp_path, monkeypatch, caplog):
     # A stand-in left by an offline start would otherwise be served forever in place of the real
     # weights, without a word: the reuse names the directory to remove.
-    dest = stand_in.build(tmp_path / "m", "tiny")
+    dest = stand_in_at(tmp_path / "m")
     monkeypatch.setattr(resolve, "reachable", lambda *_: pytest.fail("must not probe the hub"))
     with caplog.at_level("INFO", logger=resolve.log.name):
         resolve.resolve(Settings(model_dir=dest), platform="cpu")
@@ -115,6 +126,6 @@ def test_a_reused_stand_in_says_how_to_start_fresh(tmp_path, monkeypatch, caplog
 def test_fetch_model_copies_a_local_checkpoint_into_its_destination(tmp_path):
     from palmyra_serve.cli import main
 
-    src = stand_in.build(tmp_path / "src", "tiny")
+    src = stand_in_at(tmp_path / "src")
     assert main(["fetch-model", "--model", str(src), "--dest", str(tmp_path / "vol")]) == 0
     assert resolve.is_checkpoint(tmp_path / "vol") and stand_in.marker(tmp_path / "vol") == stand_in.marker(src)
