@@ -346,8 +346,8 @@ CHAT_BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "m
 
 
 def _engine_stream(chat: bool, null_usage: bool, finish_apart: bool) -> tuple[bytes, bytes]:
-    """A stream as vLLM writes it when asked for usage (compact JSON; 0.18 adds "usage":null to every
-    other event; the finish reason on the last token's event or on an empty one after it), and the
+    """A stream as vLLM writes it when asked for usage (compact JSON; 0.18 adds "usage":null to each
+    event but the usage report; the finish reason on the last token's event or on an empty one after it), and the
     bytes its client must get: the same without what the relay asked for."""
     extra = {"usage": None} if null_usage else {}
     kind = {"object": "chat.completion.chunk"} if chat else {"object": "text_completion"}
